@@ -1,0 +1,38 @@
+//! Generates the Envoy RLS v3 messages (prost), the tonic server and client, the
+//! protobuf-JSON mapping (pbjson) used by `POST /json`, and the descriptor set served by
+//! gRPC reflection. protoc comes from the `protoc-bin-vendored` crate, so a build needs no
+//! system protobuf compiler.
+
+use std::path::PathBuf;
+
+const SERVICE_PROTO: &str = "proto/envoy/service/ratelimit/v3/rls.proto";
+
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let out_dir = PathBuf::from(std::env::var("OUT_DIR")?);
+    let descriptor_path = out_dir.join("floodgate_descriptor.bin");
+    let well_known = protoc_bin_vendored::include_path()?;
+
+    let mut prost_config = tonic_prost_build::Config::new();
+    prost_config
+        .protoc_executable(protoc_bin_vendored::protoc_bin_path()?)
+        .file_descriptor_set_path(&descriptor_path)
+        .compile_well_known_types()
+        .extern_path(".google.protobuf", "::pbjson_types");
+
+    tonic_prost_build::configure()
+        .build_client(true)
+        .build_server(true)
+        .compile_with_config(
+            prost_config,
+            &[PathBuf::from(SERVICE_PROTO)],
+            &[PathBuf::from("proto"), well_known],
+        )?;
+
+    let descriptors = std::fs::read(&descriptor_path)?;
+    pbjson_build::Builder::new()
+        .register_descriptors(&descriptors)?
+        .build(&[".envoy"])?;
+
+    println!("cargo:rerun-if-changed=proto");
+    Ok(())
+}

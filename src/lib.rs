@@ -1,0 +1,12 @@
+//! floodgate: a gRPC rate-limit decision service, wire-compatible with Envoy's
+//! `envoy.service.ratelimit.v3.RateLimitService`.
+//!
+//! The request path, one module per step: [`proto`] (the wire) → [`rules`] (domain and
+//! descriptor matching) → [`limiter`] (counter keys and algorithms) → [`backend`] (where the
+//! counters live) → [`service`] (combining the decisions into the response).
+
+pub mod backend;
+pub mod clock;
+pub mod limiter;
+pub mod proto;
+pub mod rules;

@@ -1,0 +1,141 @@
+//! The identity of one counter, encoded injectively.
+//!
+//! envoyproxy/ratelimit joins keys and values with `_`, so `("a_b", "c")` and `("a", "b_c")`
+//! share a counter. Here every component is percent-escaped before it is joined, and every
+//! separator is escaped inside components, so two different identities can never produce the
+//! same bytes. The descriptor part is wrapped in `{…}`: Redis Cluster hashes only that part,
+//! so all keys of one counter land in one slot, and since `{` and `}` are escaped inside it a
+//! value can neither close the tag early nor open a second one.
+
+use std::fmt::Write;
+
+use super::Limit;
+
+/// One counter's identity: (domain, rule, limit index, descriptor entries) inside the hash
+/// tag, then the algorithm and the window shape. The limit's `requests_per_unit` is not part
+/// of it, so a reload that only changes the number keeps the count.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct CounterKey(Box<str>);
+
+impl CounterKey {
+    /// Builds the key of the `limit_index`-th limit of rule `rule_id` in `domain`, for the
+    /// descriptor `entries` (key, value) as the rule counts them.
+    pub fn new<'a>(
+        domain: &str,
+        rule_id: &str,
+        limit_index: usize,
+        limit: &Limit,
+        entries: impl IntoIterator<Item = (&'a str, &'a str)>,
+    ) -> Self {
+        let mut key = String::with_capacity(64);
+        key.push('{');
+        escape_into(&mut key, domain);
+        key.push(':');
+        escape_into(&mut key, rule_id);
+        let _ = write!(key, ":{limit_index}:");
+        for (i, (name, value)) in entries.into_iter().enumerate() {
+            if i > 0 {
+                key.push(';');
+            }
+            escape_into(&mut key, name);
+            key.push('=');
+            escape_into(&mut key, value);
+        }
+        let _ = write!(
+            key,
+            "}}:{}:{}",
+            limit.algorithm.name(),
+            limit.window_micros() / super::SECOND_MICROS
+        );
+        if let Some(zone) = &limit.timezone {
+            key.push(':');
+            escape_into(&mut key, zone.name());
+        }
+        CounterKey(key.into_boxed_str())
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+
+    /// The part Redis Cluster hashes: the text between the first `{` and the next `}`.
+    pub fn hash_tag(&self) -> &str {
+        let end = self.0.find('}').unwrap_or(self.0.len());
+        &self.0[1..end]
+    }
+}
+
+impl std::fmt::Display for CounterKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// Percent-escapes the separators, `%` itself, and anything that is not printable ASCII.
+fn escape_into(out: &mut String, component: &str) {
+    for byte in component.bytes() {
+        match byte {
+            b'%' | b'{' | b'}' | b':' | b';' | b'=' | 0..=0x20 | 0x7f..=0xff => {
+                let _ = write!(out, "%{byte:02X}");
+            }
+            _ => out.push(char::from(byte)),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::limiter::{Algorithm, Unit};
+
+    fn key(domain: &str, rule: &str, entries: &[(&str, &str)]) -> CounterKey {
+        CounterKey::new(domain, rule, 0, &Limit::per(10, Unit::Second), entries.iter().copied())
+    }
+
+    #[test]
+    fn underscore_joins_do_not_collide() {
+        assert_ne!(key("d", "r", &[("a_b", "c")]), key("d", "r", &[("a", "b_c")]));
+    }
+
+    #[test]
+    fn separators_inside_values_do_not_collide() {
+        let tricky = [
+            key("d", "r", &[("a", "b;c=d")]),
+            key("d", "r", &[("a", "b"), ("c", "d")]),
+            key("d:r", "", &[]),
+            key("d", ":r", &[]),
+            key("d", "r", &[("a=b", "")]),
+            key("d", "r", &[("a", "=b")]),
+            key("d", "r", &[("a", "%3D")]),
+            key("d", "r", &[("a", "=")]),
+        ];
+        for (i, a) in tricky.iter().enumerate() {
+            for b in &tricky[i + 1..] {
+                assert_ne!(a, b);
+            }
+        }
+    }
+
+    #[test]
+    fn braces_in_values_cannot_forge_or_split_the_hash_tag() {
+        let forged = key("d", "r", &[("k", "}{evil}")]);
+        assert_eq!(forged.hash_tag(), "d:r:0:k=%7D%7Bevil%7D");
+        assert_eq!(forged.as_str().matches('{').count(), 1);
+    }
+
+    #[test]
+    fn algorithm_and_window_are_part_of_the_identity_but_the_rate_is_not() {
+        let base = Limit::per(10, Unit::Minute);
+        let make = |limit: &Limit| CounterKey::new("d", "r", 0, limit, [("k", "v")]);
+        let mut other_rate = base.clone();
+        other_rate.requests_per_unit = 99;
+        let mut other_algorithm = base.clone();
+        other_algorithm.algorithm = Algorithm::Gcra;
+        let mut other_window = base.clone();
+        other_window.unit_multiplier = 5;
+        assert_eq!(make(&base), make(&other_rate));
+        assert_ne!(make(&base), make(&other_algorithm));
+        assert_ne!(make(&base), make(&other_window));
+        assert_eq!(make(&base).hash_tag(), make(&other_window).hash_tag());
+    }
+}

@@ -1,0 +1,1 @@
+//! STUB — to be replaced: the sliding_log algorithm (Rust twin of lua/sliding_log.lua).

@@ -1,0 +1,180 @@
+//! Rules: envoyproxy/ratelimit's YAML rule files, extended, loaded into a tree per domain
+//! and matched against request descriptors.
+//!
+//! `load.rs` turns a directory of files into a [`RuleSet`] (or errors naming file, line and
+//! rule); `matcher.rs` finds the rule for one descriptor with envoyproxy/ratelimit's
+//! semantics. A `RuleSet` is immutable: a reload builds a new one and swaps it whole.
+
+mod load;
+mod matcher;
+mod wildcard;
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+pub use load::{LoadError, LoadErrors};
+pub use matcher::Match;
+pub use wildcard::Wildcard;
+
+use crate::limiter::Limit;
+
+/// What a rule does when its backend fails (`on_backend_error`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum OnBackendError {
+    /// Answer gRPC UNAVAILABLE; Envoy applies its `failure_mode_deny`.
+    #[default]
+    Error,
+    /// Answer OK.
+    FailOpen,
+    /// Answer OVER_LIMIT.
+    FailClosed,
+    /// Decide with the in-process limiter until the backend is back.
+    Local,
+}
+
+impl OnBackendError {
+    pub fn parse(name: &str) -> Option<Self> {
+        match name {
+            "error" => Some(Self::Error),
+            "fail_open" => Some(Self::FailOpen),
+            "fail_closed" => Some(Self::FailClosed),
+            "local" => Some(Self::Local),
+            _ => None,
+        }
+    }
+
+    pub const fn name(self) -> &'static str {
+        match self {
+            Self::Error => "error",
+            Self::FailOpen => "fail_open",
+            Self::FailClosed => "fail_closed",
+            Self::Local => "local",
+        }
+    }
+}
+
+/// What a matched rule imposes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Policy {
+    /// `unlimited: true`: always OK, remaining 4294967295, nothing counted.
+    Unlimited { name: Option<String> },
+    /// One or more limits (`rate_limit` or `rate_limits`); all must pass.
+    Limited(Vec<NamedLimit>),
+}
+
+/// One limit of a rule with its optional `name` (returned as `current_limit.name`, and what
+/// `replaces` refers to).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NamedLimit {
+    pub name: Option<String>,
+    pub limit: Limit,
+}
+
+/// Where a rule was written, for error messages and `/rlconfig`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Source {
+    pub file: String,
+    pub line: usize,
+}
+
+/// The limit at one node of the descriptor tree, with the options that shape its answer.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Rule {
+    /// Stable identity: the domain and the config path of keys and values, e.g.
+    /// `api.user_id.path_/v1/*` (envoyproxy/ratelimit's stats key). Part of counter keys.
+    pub id: String,
+    pub policy: Policy,
+    /// Names of rules this one replaces when both match one request.
+    pub replaces: Vec<String>,
+    /// Counted and reported, but never rejects.
+    pub shadow_mode: bool,
+    /// Over limit does not reject on its own; see the service's combine step.
+    pub quota_mode: bool,
+    /// Values matched by this node's wildcard share one counter instead of one per value.
+    pub share_threshold: bool,
+    pub detailed_metric: bool,
+    pub value_to_metric: bool,
+    /// User metadata merged into `dynamic_metadata` when the descriptor is under its limit.
+    pub metadata: Option<serde_json::Map<String, serde_json::Value>>,
+    /// `None`: the global default applies.
+    pub on_backend_error: Option<OnBackendError>,
+    pub source: Source,
+}
+
+/// One `descriptors:` entry: a key, an optional value (exact or wildcard), an optional rule
+/// and nested descriptors.
+#[derive(Debug, Clone)]
+pub struct DescriptorNode {
+    pub key: String,
+    /// `None`: the key-only default, matching any value.
+    pub value: Option<String>,
+    pub rule: Option<Arc<Rule>>,
+    pub children: Descriptors,
+}
+
+/// The descriptors of one level, indexed for envoyproxy/ratelimit's lookup order: exact
+/// value, then the first matching wildcard in declaration order, then the key-only default.
+#[derive(Debug, Clone, Default)]
+pub struct Descriptors {
+    /// Every node in declaration order (for `/rlconfig`).
+    pub nodes: Vec<DescriptorNode>,
+    /// (key, value) → index into `nodes`.
+    pub exact: std::collections::HashMap<(String, String), usize, foldhash::fast::RandomState>,
+    /// (key, pattern, index into `nodes`) in declaration order.
+    pub wildcards: Vec<(String, Wildcard, usize)>,
+    /// key → index into `nodes` of the key-only default.
+    pub defaults: std::collections::HashMap<String, usize, foldhash::fast::RandomState>,
+}
+
+/// All rules of one domain.
+#[derive(Debug, Clone)]
+pub struct Domain {
+    pub name: String,
+    pub descriptors: Descriptors,
+    pub source: Source,
+}
+
+/// Every loaded domain. Immutable once built.
+#[derive(Debug, Clone, Default)]
+pub struct RuleSet {
+    /// Sorted by name, so `/rlconfig` is stable.
+    pub domains: BTreeMap<String, Domain>,
+}
+
+impl Rule {
+    /// Every name this rule answers to, for `replaces`.
+    pub fn names(&self) -> impl Iterator<Item = &str> {
+        let (single, limits): (Option<&String>, &[NamedLimit]) = match &self.policy {
+            Policy::Unlimited { name } => (name.as_ref(), &[]),
+            Policy::Limited(limits) => (None, limits),
+        };
+        single
+            .into_iter()
+            .chain(limits.iter().filter_map(|l| l.name.as_ref()))
+            .map(String::as_str)
+    }
+}
+
+impl RuleSet {
+    pub fn domain(&self, name: &str) -> Option<&Domain> {
+        self.domains.get(name)
+    }
+
+    /// Every rule with its depth, in stable order: domains by name, descriptors in
+    /// declaration order, depth first.
+    pub fn rules(&self) -> impl Iterator<Item = &Arc<Rule>> {
+        fn walk<'a>(level: &'a Descriptors, out: &mut Vec<&'a Arc<Rule>>) {
+            for node in &level.nodes {
+                if let Some(rule) = &node.rule {
+                    out.push(rule);
+                }
+                walk(&node.children, out);
+            }
+        }
+        let mut out = Vec::new();
+        for domain in self.domains.values() {
+            walk(&domain.descriptors, &mut out);
+        }
+        out.into_iter()
+    }
+}
