@@ -6,7 +6,13 @@
 //! counters live) → [`service`] (combining the decisions into the response).
 
 pub mod backend;
+pub mod bench;
 pub mod clock;
+pub mod http;
 pub mod limiter;
 pub mod proto;
+pub mod query;
 pub mod rules;
+pub mod server;
+pub mod service;
+pub mod settings;

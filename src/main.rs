@@ -1,1 +1,257 @@
-fn main() {}
+//! The `floodgate` command: `serve` (the default), `check-config`, `query`, `bench`.
+
+use std::io::Write;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context;
+use clap::{Args, Parser, Subcommand};
+
+use floodgate::backend::{Backend, MemoryBackend};
+use floodgate::clock::SystemClock;
+use floodgate::rules::RuleSet;
+use floodgate::service::{RateLimiter, ServiceOptions};
+use floodgate::settings::{BackendKind, HeaderStyle, LogFormat, Overrides, Settings};
+use floodgate::{bench, query, server};
+
+#[derive(Parser)]
+#[command(
+    name = "floodgate",
+    version,
+    about = "A gRPC rate-limit decision service for Envoy and microservices"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Option<Command>,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Serve rate-limit decisions over gRPC and HTTP (the default).
+    Serve(ServeArgs),
+    /// Load a rules directory and report every error; exit 1 if there is any.
+    CheckConfig {
+        /// The rules directory.
+        dir: PathBuf,
+    },
+    /// Ask a running server for one decision and print it; exit 2 when over limit.
+    Query(query::QueryArgs),
+    /// Load-test a running server over gRPC and report throughput and latency.
+    Bench(bench::BenchArgs),
+}
+
+/// Every flag is also a settings-file key and a `FLOODGATE_*` environment variable.
+#[derive(Args, Default)]
+struct ServeArgs {
+    /// Settings file (TOML).
+    #[arg(long, env = "FLOODGATE_CONFIG")]
+    config: Option<PathBuf>,
+    /// Directory of rule files [default: examples/rules].
+    #[arg(long)]
+    rules: Option<PathBuf>,
+    /// gRPC listen address [default: 127.0.0.1:8081].
+    #[arg(long)]
+    grpc_addr: Option<String>,
+    /// HTTP listen address [default: 127.0.0.1:8080].
+    #[arg(long)]
+    http_addr: Option<String>,
+    /// Where counters live [default: memory].
+    #[arg(long, value_enum)]
+    backend: Option<BackendKind>,
+    /// Global shadow mode: never answer OVER_LIMIT overall.
+    #[arg(long, num_args = 0..=1, default_missing_value = "true")]
+    shadow_mode: Option<bool>,
+    /// Global quota mode: every rule is a soft (quota-mode) limit.
+    #[arg(long, num_args = 0..=1, default_missing_value = "true")]
+    quota_mode: Option<bool>,
+    /// Rate-limit headers to add to responses [default: none].
+    #[arg(long, value_enum)]
+    response_headers: Option<HeaderStyle>,
+    /// Up to this many random seconds added to Retry-After [default: 0].
+    #[arg(long)]
+    retry_after_jitter: Option<u32>,
+    /// Fill dynamic_metadata in responses.
+    #[arg(long, num_args = 0..=1, default_missing_value = "true")]
+    dynamic_metadata: Option<bool>,
+    /// Log format [default: text]; the level comes from RUST_LOG (default info).
+    #[arg(long, value_enum)]
+    log_format: Option<LogFormat>,
+}
+
+impl ServeArgs {
+    fn settings(&self) -> anyhow::Result<Settings> {
+        let mut overrides = Overrides::default();
+        overrides.set(
+            "rules",
+            self.rules.as_ref().map(|p| p.display().to_string()),
+        );
+        overrides.set("grpc_addr", self.grpc_addr.clone());
+        overrides.set("http_addr", self.http_addr.clone());
+        overrides.set("backend", self.backend.map(|_| "memory"));
+        overrides.set("shadow_mode", self.shadow_mode);
+        overrides.set("quota_mode", self.quota_mode);
+        overrides.set(
+            "response_headers",
+            self.response_headers.map(|h| match h {
+                HeaderStyle::None => "none",
+                HeaderStyle::Draft03 => "draft03",
+                HeaderStyle::Ietf => "ietf",
+            }),
+        );
+        overrides.set("retry_after_jitter", self.retry_after_jitter.map(u64::from));
+        overrides.set("dynamic_metadata", self.dynamic_metadata);
+        overrides.set(
+            "log_format",
+            self.log_format.map(|f| match f {
+                LogFormat::Text => "text",
+                LogFormat::Json => "json",
+            }),
+        );
+        Settings::load(self.config.as_deref(), overrides).context("reading settings")
+    }
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let result = match cli.command.unwrap_or(Command::Serve(ServeArgs::default())) {
+        Command::Serve(args) => args.settings().and_then(|settings| {
+            init_logging(settings.log_format);
+            runtime()?.block_on(serve(settings))
+        }),
+        Command::CheckConfig { dir } => return check_config(&dir),
+        Command::Query(args) => {
+            return runtime()
+                .and_then(|rt| rt.block_on(query::run(args)))
+                .unwrap_or_else(report);
+        }
+        Command::Bench(args) => runtime().and_then(|rt| rt.block_on(bench::run(args))),
+    };
+    result.map_or_else(report, |()| ExitCode::SUCCESS)
+}
+
+fn report(error: anyhow::Error) -> ExitCode {
+    eprintln!("floodgate: {error:#}");
+    ExitCode::FAILURE
+}
+
+fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("starting the async runtime")
+}
+
+fn init_logging(format: LogFormat) {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    match format {
+        LogFormat::Text => builder.init(),
+        LogFormat::Json => builder.json().init(),
+    }
+}
+
+fn check_config(dir: &std::path::Path) -> ExitCode {
+    match RuleSet::load_dir(dir) {
+        Ok(rules) => {
+            println!(
+                "{}: {} domains, {} rules, no errors",
+                dir.display(),
+                rules.domains.len(),
+                rules.rules().count()
+            );
+            ExitCode::SUCCESS
+        }
+        Err(errors) => {
+            eprintln!("{errors}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn serve(settings: Settings) -> anyhow::Result<()> {
+    let rules = RuleSet::load_dir(&settings.rules)
+        .with_context(|| format!("loading rules from {}", settings.rules.display()))?;
+    let backend = match settings.backend {
+        BackendKind::Memory => {
+            let memory = Arc::new(MemoryBackend::new(Arc::new(SystemClock)));
+            memory.spawn_sweeper(Duration::from_secs(10));
+            Backend::Memory(memory)
+        }
+    };
+    let mut signals = ShutdownSignals::register()?;
+    let limiter = Arc::new(RateLimiter::new(
+        rules,
+        backend,
+        ServiceOptions::from_settings(&settings),
+    ));
+    let rule_count = limiter.rules().rules().count();
+    let mut running = server::start(limiter, settings.grpc_addr, settings.http_addr).await?;
+    tracing::info!(
+        grpc = %running.grpc_addr,
+        http = %running.http_addr,
+        backend = settings.backend.name(),
+        rules = rule_count,
+        "floodgate serving"
+    );
+    // Written with errors ignored: a closed stdout (`floodgate serve | head -1`, a log
+    // shipper gone) must not take the server down.
+    let _ = writeln!(
+        std::io::stdout().lock(),
+        "floodgate listening: grpc={} http={}\n\
+         try: floodgate query --addr http://{} --domain floodgate_demo --descriptor user_id=alice\n\
+         or:  curl -s -X POST http://{}/json -d '{{\"domain\":\"floodgate_demo\",\"descriptors\":[{{\"entries\":[{{\"key\":\"user_id\",\"value\":\"alice\"}}]}}]}}'",
+        running.grpc_addr,
+        running.http_addr,
+        running.grpc_addr,
+        running.http_addr
+    );
+
+    tokio::select! {
+        result = running.wait() => return result,
+        () = signals.received() => {}
+    }
+    tracing::info!("shutting down: health NOT_SERVING, finishing in-flight requests");
+    running
+        .shutdown(Duration::from_secs(settings.shutdown_grace))
+        .await
+}
+
+/// SIGINT and SIGTERM, registered when created: a signal that arrives before anyone waits
+/// still counts (without this, a SIGTERM right after start-up would kill the process).
+struct ShutdownSignals {
+    #[cfg(unix)]
+    interrupt: tokio::signal::unix::Signal,
+    #[cfg(unix)]
+    terminate: tokio::signal::unix::Signal,
+}
+
+impl ShutdownSignals {
+    fn register() -> anyhow::Result<Self> {
+        #[cfg(unix)]
+        {
+            use tokio::signal::unix::{SignalKind, signal};
+            Ok(ShutdownSignals {
+                interrupt: signal(SignalKind::interrupt()).context("registering SIGINT")?,
+                terminate: signal(SignalKind::terminate()).context("registering SIGTERM")?,
+            })
+        }
+        #[cfg(not(unix))]
+        Ok(ShutdownSignals {})
+    }
+
+    /// Resolves on the first SIGINT or SIGTERM.
+    async fn received(&mut self) {
+        #[cfg(unix)]
+        tokio::select! {
+            _ = self.interrupt.recv() => {}
+            _ = self.terminate.recv() => {}
+        }
+        #[cfg(not(unix))]
+        let _ = tokio::signal::ctrl_c().await;
+    }
+}

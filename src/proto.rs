@@ -37,7 +37,10 @@ pub mod envoy {
         pub mod ratelimit {
             pub mod v3 {
                 tonic::include_proto!("envoy.service.ratelimit.v3");
-                include!(concat!(env!("OUT_DIR"), "/envoy.service.ratelimit.v3.serde.rs"));
+                include!(concat!(
+                    env!("OUT_DIR"),
+                    "/envoy.service.ratelimit.v3.serde.rs"
+                ));
             }
         }
     }

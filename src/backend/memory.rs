@@ -1,36 +1,226 @@
-//! STUB — to be replaced: the embedded, sharded, in-process counter store.
-use std::sync::Arc;
+//! The embedded counter store: every counter in process memory, for a single instance.
+//!
+//! Counters are spread over a power-of-two number of shards, each a mutex around a hash map,
+//! the shard chosen by hashing the key. A hit locks one shard for the one counter's math and
+//! nothing else, so hits on different counters rarely wait on each other and hits on one
+//! counter are serialized: exact under any concurrency. Idle counters expire, and a sweeper
+//! removes them, so memory follows the number of recently active counters.
+
+use std::collections::HashMap;
+use std::hash::BuildHasher;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
+use std::time::Duration;
+
+use foldhash::fast::RandomState;
 
 use crate::clock::Clock;
-use crate::limiter::{CounterKey, Decision, Hits, Limit};
+use crate::limiter::{Counter, CounterKey, Decision, Hits, Limit};
+
+type Counters = HashMap<CounterKey, Counter, RandomState>;
+type Shard = Mutex<Counters>;
 
 /// Counters in process memory: sharded, exact under concurrency, idle counters expire.
 pub struct MemoryBackend {
     clock: Arc<dyn Clock>,
+    shards: Box<[Shard]>,
+    /// Picks the shard. Seeded apart from the maps' own hashers: a shard holds keys whose
+    /// shard hashes agree, which must say nothing about their hashes inside the map.
+    shard_hasher: RandomState,
+    /// `64 - log2(shards)`: the shard is the top bits of the key's hash.
+    shard_shift: u32,
 }
 
 impl MemoryBackend {
     pub fn new(clock: Arc<dyn Clock>) -> Self {
-        MemoryBackend { clock }
+        // Four shards per core keeps two cores' hits off one lock almost always; 16 at least.
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        let count = (4 * cores).next_power_of_two().max(16);
+        let shards = (0..count)
+            .map(|_| Mutex::new(HashMap::with_hasher(RandomState::default())))
+            .collect();
+        MemoryBackend {
+            clock,
+            shards,
+            shard_hasher: RandomState::default(),
+            shard_shift: 64 - count.trailing_zeros(),
+        }
     }
 
-    /// Applies one hit to the counter `key` and answers it.
-    pub fn hit(&self, _key: &CounterKey, _limit: &Limit, _hits: Hits) -> Decision {
-        let _ = self.clock.now_micros();
-        todo!()
+    /// Applies one hit to the counter `key` and answers it. A counter that has expired
+    /// answers as a new one. A hit that leaves a new counter as good as new (a check, a
+    /// rejection) stores nothing.
+    pub fn hit(&self, key: &CounterKey, limit: &Limit, hits: Hits) -> Decision {
+        let mut shard = self.shard(key);
+        // Read under the lock, so hits on one counter see the clock in the order they count.
+        let now = self.clock.now_micros();
+        if let Some(counter) = shard.get_mut(key) {
+            if counter.expires_at() <= now {
+                counter.reset();
+            }
+            return counter.hit(limit, now, hits);
+        }
+        let mut counter = Counter::new();
+        let decision = counter.hit(limit, now, hits);
+        if counter.expires_at() > now {
+            shard.insert(key.clone(), counter);
+        }
+        decision
     }
 
     /// Drops every counter whose state has expired; returns how many.
     pub fn remove_expired(&self) -> usize {
-        todo!()
+        let mut removed = 0;
+        for shard in &self.shards {
+            let mut shard = lock(shard);
+            let now = self.clock.now_micros();
+            let before = shard.len();
+            shard.retain(|_, counter| counter.expires_at() > now);
+            let after = shard.len();
+            removed += before - after;
+            // Give back the table a past burst of counters grew, once it is mostly empty.
+            if shard.capacity() > 4 * after.max(64) {
+                shard.shrink_to(2 * after);
+            }
+        }
+        removed
     }
 
     /// How many counters are held.
     pub fn len(&self) -> usize {
-        todo!()
+        self.shards.iter().map(|shard| lock(shard).len()).sum()
     }
 
     pub fn is_empty(&self) -> bool {
         self.len() == 0
+    }
+
+    /// Runs [`remove_expired`](Self::remove_expired) every `every` (at least 1 ms) on the
+    /// current tokio runtime (it must be called from within one). The task holds the backend
+    /// weakly and ends once it is dropped.
+    pub fn spawn_sweeper(self: &Arc<Self>, every: Duration) -> tokio::task::JoinHandle<()> {
+        let backend: Weak<Self> = Arc::downgrade(self);
+        let every = every.max(Duration::from_millis(1));
+        tokio::spawn(async move {
+            let mut ticks = tokio::time::interval(every);
+            ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            // The first tick completes at once; the first sweep is one period in.
+            ticks.tick().await;
+            loop {
+                ticks.tick().await;
+                let Some(backend) = backend.upgrade() else {
+                    return;
+                };
+                let removed = backend.remove_expired();
+                tracing::trace!(removed, "swept expired counters");
+            }
+        })
+    }
+
+    /// The locked shard that holds `key`.
+    fn shard(&self, key: &CounterKey) -> MutexGuard<'_, Counters> {
+        let hash = self.shard_hasher.hash_one(key);
+        // `shard_shift` is 64 - log2(len) with len >= 16, so the index is below len.
+        let index = usize::try_from(hash >> self.shard_shift).unwrap_or(0);
+        lock(&self.shards[index])
+    }
+}
+
+/// Nothing under a shard lock panics; if something ever did, the counters would still be
+/// plain data, and serving them beats failing every later hit on the shard.
+fn lock(shard: &Shard) -> MutexGuard<'_, Counters> {
+    shard.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::clock::ManualClock;
+    use crate::limiter::{Algorithm, Unit};
+
+    const SECOND: u64 = 1_000_000;
+
+    fn backend() -> (Arc<ManualClock>, MemoryBackend) {
+        let clock = Arc::new(ManualClock::new(100 * SECOND));
+        (clock.clone(), MemoryBackend::new(clock))
+    }
+
+    fn key(name: &str) -> CounterKey {
+        CounterKey::new("test", name, 0, &Limit::per(1, Unit::Second), [])
+    }
+
+    #[test]
+    fn remove_expired_drops_idle_counters_and_keeps_live_ones() {
+        let (clock, backend) = backend();
+        backend.hit(&key("second"), &Limit::per(5, Unit::Second), Hits::take(1));
+        backend.hit(&key("minute"), &Limit::per(5, Unit::Minute), Hits::take(1));
+        clock.advance(SECOND);
+        assert_eq!(backend.remove_expired(), 1);
+        assert_eq!(backend.len(), 1);
+        let left = backend.hit(&key("minute"), &Limit::per(5, Unit::Minute), Hits::take(0));
+        assert_eq!(left.remaining, 4);
+    }
+
+    #[test]
+    fn an_expired_counter_found_on_lookup_answers_as_new() {
+        let (clock, backend) = backend();
+        let limit = Limit {
+            algorithm: Algorithm::SlidingLog,
+            ..Limit::per(2, Unit::Second)
+        };
+        backend.hit(&key("k"), &limit, Hits::take(2));
+        clock.advance(SECOND);
+        let decision = backend.hit(&key("k"), &limit, Hits::take(0));
+        assert_eq!((decision.remaining, decision.reset_micros), (2, 0));
+    }
+
+    #[test]
+    fn a_check_on_an_unknown_key_stores_nothing() {
+        let (_, backend) = backend();
+        for algorithm in Algorithm::ALL {
+            let limit = Limit {
+                algorithm,
+                ..Limit::per(5, Unit::Second)
+            };
+            backend.hit(&key("k"), &limit, Hits::take(0));
+        }
+        assert!(backend.is_empty());
+    }
+
+    #[test]
+    fn a_rejected_hit_on_an_unknown_key_stores_nothing() {
+        let (_, backend) = backend();
+        backend.hit(&key("k"), &Limit::per(5, Unit::Second), Hits::take(6));
+        assert!(backend.is_empty());
+    }
+
+    #[tokio::test]
+    async fn sweeper_removes_expired_counters_periodically() {
+        let (clock, backend) = backend();
+        let backend = Arc::new(backend);
+        backend.hit(&key("idle"), &Limit::per(5, Unit::Second), Hits::take(1));
+        backend.hit(&key("live"), &Limit::per(5, Unit::Hour), Hits::take(1));
+        let sweeper = backend.spawn_sweeper(Duration::from_millis(5));
+        clock.advance(SECOND);
+        let swept = async {
+            while backend.len() != 1 {
+                tokio::time::sleep(Duration::from_millis(1)).await;
+            }
+        };
+        tokio::time::timeout(Duration::from_secs(5), swept)
+            .await
+            .expect("the idle counter is swept, the live one kept");
+        sweeper.abort();
+    }
+
+    #[tokio::test]
+    async fn sweeper_ends_when_the_backend_is_dropped() {
+        let (_, backend) = backend();
+        let backend = Arc::new(backend);
+        let sweeper = backend.spawn_sweeper(Duration::from_millis(5));
+        drop(backend);
+        tokio::time::timeout(Duration::from_secs(5), sweeper)
+            .await
+            .expect("the sweeper ends within a period of the drop")
+            .expect("the sweeper does not panic");
     }
 }

@@ -89,12 +89,21 @@ mod tests {
     use crate::limiter::{Algorithm, Unit};
 
     fn key(domain: &str, rule: &str, entries: &[(&str, &str)]) -> CounterKey {
-        CounterKey::new(domain, rule, 0, &Limit::per(10, Unit::Second), entries.iter().copied())
+        CounterKey::new(
+            domain,
+            rule,
+            0,
+            &Limit::per(10, Unit::Second),
+            entries.iter().copied(),
+        )
     }
 
     #[test]
     fn underscore_joins_do_not_collide() {
-        assert_ne!(key("d", "r", &[("a_b", "c")]), key("d", "r", &[("a", "b_c")]));
+        assert_ne!(
+            key("d", "r", &[("a_b", "c")]),
+            key("d", "r", &[("a", "b_c")])
+        );
     }
 
     #[test]

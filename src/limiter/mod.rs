@@ -76,7 +76,8 @@ impl Unit {
             Unit::Month,
             Unit::Year,
         ];
-        ALL.into_iter().find(|unit| unit.name().eq_ignore_ascii_case(name))
+        ALL.into_iter()
+            .find(|unit| unit.name().eq_ignore_ascii_case(name))
     }
 }
 
@@ -154,7 +155,18 @@ impl Limit {
 
     /// The window length in microseconds (the nominal length for calendar windows).
     pub fn window_micros(&self) -> u64 {
-        self.unit.seconds() * u64::from(self.unit_multiplier.max(1)) * SECOND_MICROS
+        // Saturates instead of overflowing: a multiplier no rule file should carry must still
+        // not panic.
+        self.unit
+            .seconds()
+            .saturating_mul(u64::from(self.unit_multiplier.max(1)))
+            .saturating_mul(SECOND_MICROS)
+    }
+
+    /// token_bucket / gcra: microseconds between two tokens, `W / requests_per_unit`
+    /// truncated and at least 1 µs, so at most 10^6 tokens per second come back.
+    pub fn token_interval_micros(&self) -> u64 {
+        (self.window_micros() / u64::from(self.requests_per_unit.max(1))).max(1)
     }
 
     /// The bucket capacity of token_bucket / gcra.

@@ -1,13 +1,28 @@
-//! STUB — to be replaced: loads rule files into a RuleSet.
+//! Rule files → [`RuleSet`]: envoyproxy/ratelimit's YAML format with floodgate's extensions,
+//! walked by hand from a marked YAML tree so every error names its file, line and rule.
+//!
+//! Loading is all or nothing: every problem in every file is collected, and a load with any
+//! problem returns them all and keeps nothing, so a bad edit never half-applies.
+
+#[cfg(test)]
+mod tests;
+
+use std::collections::BTreeMap;
 use std::path::Path;
 
-use super::RuleSet;
+use saphyr::MarkedYaml;
+
+use super::descriptor::read_descriptors;
+use super::reader::Reader;
+use super::yaml::{self, Document};
+use super::{Descriptors, Domain, RuleSet, Source};
 
 /// One problem in a rule file: where it is and what is wrong.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("{file}:{line}: {rule}: {message}")]
 pub struct LoadError {
     pub file: String,
+    /// 1-based; 0 when the problem is the file or directory as a whole (it cannot be read).
     pub line: usize,
     /// The rule's path, e.g. `domain api > user_id > path=/v1/*`.
     pub rule: String,
@@ -32,19 +47,159 @@ impl std::fmt::Display for LoadErrors {
 
 impl std::error::Error for LoadErrors {}
 
+/// The rule path of problems that belong to no domain yet.
+const WHOLE_FILE: &str = "(file)";
+
+const FILE_KEYS: [&str; 2] = ["domain", "descriptors"];
+
 impl RuleSet {
-    /// Loads every `*.yaml` / `*.yml` file of `dir` (not recursive, hidden files skipped).
-    pub fn load_dir(_dir: &Path) -> Result<RuleSet, LoadErrors> {
-        todo!()
+    /// Loads every `*.yaml` / `*.yml` file of `dir`, sorted by name. Not recursive, and files
+    /// whose name starts with `.` are skipped, so a Kubernetes ConfigMap volume (whose files
+    /// are also reachable through its `..data` directory) is read once.
+    pub fn load_dir(dir: &Path) -> Result<RuleSet, LoadErrors> {
+        let (sources, errors) = read_dir(dir);
+        load(&sources, errors)
     }
 
-    /// Loads rule files given as (file name, contents).
-    pub fn from_sources(_sources: &[(String, String)]) -> Result<RuleSet, LoadErrors> {
-        todo!()
+    /// Loads rule files given as (file name, contents), in the order given.
+    pub fn from_sources(sources: &[(String, String)]) -> Result<RuleSet, LoadErrors> {
+        load(sources, Vec::new())
     }
+}
 
-    /// The loaded rules as text, in stable order, for `GET /rlconfig`.
-    pub fn dump(&self) -> String {
-        todo!()
+/// The rule files of `dir` as (path, contents), and an error for each that cannot be read.
+fn read_dir(dir: &Path) -> (Vec<(String, String)>, Vec<LoadError>) {
+    let whole = |file: &Path, message: String| LoadError {
+        file: file.display().to_string(),
+        line: 0,
+        rule: WHOLE_FILE.to_owned(),
+        message,
+    };
+    let entries = match std::fs::read_dir(dir) {
+        Ok(entries) => entries,
+        Err(e) => {
+            return (
+                Vec::new(),
+                vec![whole(dir, format!("cannot read the rules directory: {e}"))],
+            );
+        }
+    };
+    let mut paths: Vec<_> = entries
+        .filter_map(Result::ok)
+        .map(|entry| entry.path())
+        .filter(|path| is_rule_file(path))
+        .collect();
+    paths.sort();
+    let mut sources = Vec::with_capacity(paths.len());
+    let mut errors = Vec::new();
+    for path in paths {
+        match std::fs::read_to_string(&path) {
+            Ok(text) => sources.push((path.display().to_string(), text)),
+            Err(e) => errors.push(whole(&path, format!("cannot read the rule file: {e}"))),
+        }
     }
+    (sources, errors)
+}
+
+/// A visible `*.yaml` / `*.yml` file (symbolic links followed, as ConfigMap volumes use them).
+fn is_rule_file(path: &Path) -> bool {
+    let visible = path
+        .file_name()
+        .and_then(|name| name.to_str())
+        .is_some_and(|name| !name.starts_with('.'));
+    let yaml = path
+        .extension()
+        .and_then(|ext| ext.to_str())
+        .is_some_and(|ext| ext.eq_ignore_ascii_case("yaml") || ext.eq_ignore_ascii_case("yml"));
+    visible && yaml && path.is_file()
+}
+
+fn load(sources: &[(String, String)], mut errors: Vec<LoadError>) -> Result<RuleSet, LoadErrors> {
+    let mut domains: BTreeMap<String, Domain> = BTreeMap::new();
+    for (file, text) in sources {
+        let (domain, file_errors) = load_file(file, text);
+        errors.extend(file_errors);
+        let Some(domain) = domain else { continue };
+        if let Some(first) = domains.get(&domain.name) {
+            errors.push(LoadError {
+                file: file.clone(),
+                line: domain.source.line,
+                rule: format!("domain {}", domain.name),
+                message: format!(
+                    "duplicate domain: `{}` is already defined at {}:{}",
+                    domain.name, first.source.file, first.source.line
+                ),
+            });
+        } else {
+            domains.insert(domain.name.clone(), domain);
+        }
+    }
+    if errors.is_empty() {
+        Ok(RuleSet { domains })
+    } else {
+        Err(LoadErrors(errors))
+    }
+}
+
+/// One file's domain (when it names one) and its problems.
+fn load_file(file: &str, text: &str) -> (Option<Domain>, Vec<LoadError>) {
+    let document = match Document::parse(text) {
+        Ok(document) => document,
+        Err(e) => {
+            // The parser may place an error at end of input one line past the last one.
+            let last_line = text.lines().count().max(1);
+            let error = LoadError {
+                file: file.to_owned(),
+                line: e.line.min(last_line),
+                rule: WHOLE_FILE.to_owned(),
+                message: format!("invalid YAML: {}", e.message),
+            };
+            return (None, vec![error]);
+        }
+    };
+    let mut reader = Reader::new(file, &document);
+    let domain = match &document.root {
+        Some(root) if !yaml::is_null(root) => read_domain(&mut reader, root),
+        _ => {
+            let message = "no domain: the file holds no rules (start it with `domain: <name>`)";
+            reader.error(1, WHOLE_FILE, message);
+            None
+        }
+    };
+    (domain, reader.errors)
+}
+
+fn read_domain(reader: &mut Reader<'_, '_>, root: &MarkedYaml<'_>) -> Option<Domain> {
+    let path = match yaml::peek(root, "domain") {
+        Some(name) if !name.is_empty() => format!("domain {name}"),
+        _ => WHOLE_FILE.to_owned(),
+    };
+    let fields = reader.fields(root, "the rule file", &FILE_KEYS, &path)?;
+    let (line, name) = match fields.entry("domain") {
+        None => {
+            let message = "no domain: write `domain: <name>` at the top of the file";
+            reader.error(fields.line, &path, message);
+            return None;
+        }
+        Some((line, node)) => (line, reader.string(node, "domain", &path)?),
+    };
+    if name.is_empty() {
+        reader.error(line, &path, "empty domain: write `domain: <name>`");
+        return None;
+    }
+    let descriptors = match fields.get("descriptors") {
+        None => Descriptors::default(),
+        Some(node) => {
+            let items = reader.list(node, "descriptors", &path).unwrap_or_default();
+            read_descriptors(reader, items, &path, &name)
+        }
+    };
+    Some(Domain {
+        source: Source {
+            file: reader.file().to_owned(),
+            line,
+        },
+        name,
+        descriptors,
+    })
 }

@@ -2,12 +2,22 @@
 //! and matched against request descriptors.
 //!
 //! `load.rs` turns a directory of files into a [`RuleSet`] (or errors naming file, line and
-//! rule); `matcher.rs` finds the rule for one descriptor with envoyproxy/ratelimit's
-//! semantics. A `RuleSet` is immutable: a reload builds a new one and swaps it whole.
+//! rule): `yaml.rs` parses a file into a tree of nodes that know their line, `reader.rs`
+//! reads typed fields from it, `descriptor.rs` and `limits.rs` build the descriptor tree and
+//! its limits. `matcher.rs` finds the rule for one descriptor with envoyproxy/ratelimit's
+//! semantics, `wildcard.rs` matches `*` values, `dump.rs` prints the rules for `/rlconfig`.
+//! A `RuleSet` is immutable: a reload builds a new one and swaps it whole.
 
+mod descriptor;
+mod dump;
+mod limits;
 mod load;
 mod matcher;
+mod reader;
+#[cfg(test)]
+mod testing;
 mod wildcard;
+mod yaml;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -110,6 +120,9 @@ pub struct DescriptorNode {
     pub value: Option<String>,
     pub rule: Option<Arc<Rule>>,
     pub children: Descriptors,
+    /// `share_threshold` (wildcard values only): every value the wildcard matches is counted
+    /// as the pattern itself, by this node's rule and by the rules below it.
+    pub share_threshold: bool,
 }
 
 /// The descriptors of one level, indexed for envoyproxy/ratelimit's lookup order: exact

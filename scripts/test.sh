@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# The project's test command (README "Testing"), also what CI runs.
+# Installs what is missing (as root; otherwise says what to install), then checks formatting
+# and lints, and runs every test suite against real processes.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+need() { command -v "$1" >/dev/null 2>&1; }
+
+if ! need cargo; then
+    echo "cargo is required: install Rust 1.88 or newer (https://rustup.rs)" >&2
+    exit 1
+fi
+
+echo "== format and lints"
+cargo fmt --all -- --check
+cargo clippy --all-targets --locked -- -D warnings
+
+echo "== tests"
+if cargo nextest --version >/dev/null 2>&1; then
+    cargo nextest run --locked --no-fail-fast
+else
+    cargo test --locked --no-fail-fast
+fi
+# nextest does not run doctests.
+cargo test --locked --doc

@@ -1,0 +1,90 @@
+//! The HTTP side: health for orchestrators, `POST /json` for callers without gRPC, and the
+//! loaded rules for operators.
+//!
+//! - `GET /healthz`: 200 while the process runs.
+//! - `GET /readyz`: 200 while serving, 503 once shutdown began.
+//! - `POST /json`: a protobuf-JSON `RateLimitRequest`; 200 OK, 429 over limit, 400 bad
+//!   request (with the reason), 503 backend unavailable; the body is the JSON response.
+//! - `GET /rlconfig`: the rules in force, one line per rule, stable order.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use axum::Router;
+use axum::body::Bytes;
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::http::header::CONTENT_TYPE;
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+
+use crate::proto::envoy::service::ratelimit::v3::RateLimitRequest;
+use crate::proto::envoy::service::ratelimit::v3::rate_limit_response::Code;
+use crate::service::{DecideError, RateLimiter};
+
+/// What the HTTP handlers share.
+#[derive(Clone)]
+pub struct HttpState {
+    pub limiter: Arc<RateLimiter>,
+    /// False once shutdown began.
+    pub ready: Arc<AtomicBool>,
+}
+
+pub fn router(state: HttpState) -> Router {
+    Router::new()
+        .route("/healthz", get(|| async { "ok\n" }))
+        .route("/readyz", get(readyz))
+        .route("/json", post(json))
+        .route("/rlconfig", get(rlconfig))
+        .with_state(state)
+}
+
+async fn readyz(State(state): State<HttpState>) -> Response {
+    if state.ready.load(Ordering::Acquire) {
+        (StatusCode::OK, "ready\n").into_response()
+    } else {
+        (StatusCode::SERVICE_UNAVAILABLE, "shutting down\n").into_response()
+    }
+}
+
+async fn rlconfig(State(state): State<HttpState>) -> String {
+    state.limiter.rules().dump()
+}
+
+async fn json(State(state): State<HttpState>, body: Bytes) -> Response {
+    let request: RateLimitRequest = match serde_json::from_slice(&body) {
+        Ok(request) => request,
+        Err(error) => {
+            return error_response(StatusCode::BAD_REQUEST, &format!("invalid JSON: {error}"));
+        }
+    };
+    match state.limiter.should_rate_limit(&request).await {
+        Ok(response) => {
+            let status = if response.overall_code == Code::OverLimit as i32 {
+                StatusCode::TOO_MANY_REQUESTS
+            } else {
+                StatusCode::OK
+            };
+            match serde_json::to_vec(&response) {
+                Ok(body) => (status, [(CONTENT_TYPE, "application/json")], body).into_response(),
+                Err(error) => error_response(StatusCode::INTERNAL_SERVER_ERROR, &error.to_string()),
+            }
+        }
+        Err(DecideError::InvalidRequest(invalid)) => {
+            error_response(StatusCode::BAD_REQUEST, &invalid.0)
+        }
+        Err(DecideError::Backend(error)) => {
+            error_response(StatusCode::SERVICE_UNAVAILABLE, &error.to_string())
+        }
+    }
+}
+
+fn error_response(status: StatusCode, message: &str) -> Response {
+    let body = serde_json::json!({ "error": message });
+    (
+        status,
+        [(CONTENT_TYPE, "application/json")],
+        body.to_string(),
+    )
+        .into_response()
+}

@@ -1,0 +1,375 @@
+//! A descriptor's `rate_limit` (one map) or `rate_limits` (floodgate: a list of maps) read
+//! into a [`Policy`] and the names the rule `replaces`.
+
+use saphyr::MarkedYaml;
+
+use super::reader::{Fields, Reader};
+use super::yaml;
+use super::{NamedLimit, Policy};
+use crate::limiter::{Algorithm, Limit, Timezone, Unit};
+
+/// The keys that shape counting; none of them goes with `unlimited: true`.
+const COUNTING_KEYS: [&str; 6] = [
+    "unit",
+    "requests_per_unit",
+    "algorithm",
+    "burst",
+    "unit_multiplier",
+    "timezone",
+];
+
+/// The keys of a `rate_limits` element.
+const LIST_ELEMENT_KEYS: [&str; 8] = [
+    "unit",
+    "requests_per_unit",
+    "algorithm",
+    "burst",
+    "unit_multiplier",
+    "timezone",
+    "name",
+    "replaces",
+];
+
+/// The keys of a `rate_limit` map: a list element's, and `unlimited`.
+const RATE_LIMIT_KEYS: [&str; 9] = [
+    "unit",
+    "requests_per_unit",
+    "algorithm",
+    "burst",
+    "unit_multiplier",
+    "timezone",
+    "name",
+    "replaces",
+    "unlimited",
+];
+
+const UNITS: &str = "second, minute, hour, day, week, month, year";
+
+/// The limits a descriptor configures, if any.
+pub(super) enum Configured {
+    /// Neither `rate_limit` nor `rate_limits`.
+    Absent,
+    /// Written, but wrong; the errors are in the reader.
+    Invalid,
+    Present {
+        policy: Policy,
+        replaces: Vec<String>,
+    },
+}
+
+/// One `rate_limit` map or `rate_limits` element.
+struct ReadLimit {
+    /// `None`: `unlimited: true`.
+    limit: Option<Limit>,
+    name: Option<String>,
+    /// Each name with the line it was written on.
+    replaces: Vec<(String, usize)>,
+}
+
+/// Reads the descriptor's `rate_limit` / `rate_limits` (given as the key's line and value).
+pub(super) fn read(
+    reader: &mut Reader<'_, '_>,
+    rate_limit: Option<(usize, &MarkedYaml<'_>)>,
+    rate_limits: Option<(usize, &MarkedYaml<'_>)>,
+    rule: &str,
+) -> Configured {
+    let read = match (rate_limit, rate_limits) {
+        (None, None) => return Configured::Absent,
+        (Some(_), Some((line, _))) => {
+            let message = "write either rate_limit (one limit) or rate_limits (a list), not both";
+            reader.error(line, rule, message);
+            return Configured::Invalid;
+        }
+        (Some((_, node)), None) => {
+            read_one(reader, node, "rate_limit", true, rule).map(|one| vec![one])
+        }
+        (None, Some((line, node))) => read_list(reader, line, node, rule),
+    };
+    let Some(read) = read else {
+        return Configured::Invalid;
+    };
+    combine(reader, read, rule)
+}
+
+fn read_list(
+    reader: &mut Reader<'_, '_>,
+    line: usize,
+    node: &MarkedYaml<'_>,
+    rule: &str,
+) -> Option<Vec<ReadLimit>> {
+    let items = reader.list(node, "rate_limits", rule)?;
+    if items.is_empty() {
+        let message = "rate_limits: expected at least one limit (remove the key for no limit)";
+        reader.error(line, rule, message);
+        return None;
+    }
+    let read: Vec<_> = items
+        .iter()
+        .enumerate()
+        .map(|(i, item)| read_one(reader, item, &format!("rate_limits[{i}]"), false, rule))
+        .collect();
+    read.into_iter().collect()
+}
+
+/// Checks what only the whole rule can tell, and builds its policy.
+fn combine(reader: &mut Reader<'_, '_>, read: Vec<ReadLimit>, rule: &str) -> Configured {
+    let own: Vec<&str> = read.iter().filter_map(|r| r.name.as_deref()).collect();
+    let mut valid = true;
+    let mut replaces: Vec<String> = Vec::new();
+    for (name, line) in read.iter().flat_map(|r| &r.replaces) {
+        if own.contains(&name.as_str()) {
+            let message = format!("replaces `{name}`, the name of this rule's own limit");
+            reader.error(*line, rule, message);
+            valid = false;
+        } else if !replaces.contains(name) {
+            replaces.push(name.clone());
+        }
+    }
+    if !valid {
+        return Configured::Invalid;
+    }
+    let policy = match read.as_slice() {
+        [
+            ReadLimit {
+                limit: None, name, ..
+            },
+        ] => Policy::Unlimited { name: name.clone() },
+        _ => Policy::Limited(
+            read.into_iter()
+                .filter_map(|r| {
+                    Some(NamedLimit {
+                        name: r.name,
+                        limit: r.limit?,
+                    })
+                })
+                .collect(),
+        ),
+    };
+    Configured::Present { policy, replaces }
+}
+
+fn read_one(
+    reader: &mut Reader<'_, '_>,
+    node: &MarkedYaml<'_>,
+    label: &str,
+    allow_unlimited: bool,
+    rule: &str,
+) -> Option<ReadLimit> {
+    let keys: &[&str] = if allow_unlimited {
+        &RATE_LIMIT_KEYS
+    } else {
+        &LIST_ELEMENT_KEYS
+    };
+    let errors_before = reader.errors.len();
+    let fields = reader.fields(node, label, keys, rule)?;
+    let field = |name: &str| format!("{label}.{name}");
+
+    let name = fields
+        .get("name")
+        .and_then(|n| reader.string(n, &field("name"), rule))
+        .filter(|n| !n.is_empty());
+    let replaces = match fields.get("replaces") {
+        Some(node) => read_replaces(reader, node, &field("replaces"), rule),
+        None => Vec::new(),
+    };
+    let unlimited = fields
+        .get("unlimited")
+        .and_then(|n| reader.boolean(n, &field("unlimited"), rule))
+        .unwrap_or(false);
+    let limit = if unlimited {
+        reject_counting_keys(reader, &fields, label, rule);
+        None
+    } else {
+        read_limit(reader, &fields, label, rule)
+    };
+    (reader.errors.len() == errors_before).then_some(ReadLimit {
+        limit,
+        name,
+        replaces,
+    })
+}
+
+/// `unlimited: true` counts nothing, so every counting parameter is a mistake.
+fn reject_counting_keys(
+    reader: &mut Reader<'_, '_>,
+    fields: &Fields<'_, '_>,
+    label: &str,
+    rule: &str,
+) {
+    for key in COUNTING_KEYS {
+        if let Some((line, _)) = fields.entry(key) {
+            let message = format!(
+                "{label}: `{key}` cannot be combined with `unlimited: true`, which counts nothing"
+            );
+            reader.error(line, rule, message);
+        }
+    }
+}
+
+fn read_limit(
+    reader: &mut Reader<'_, '_>,
+    fields: &Fields<'_, '_>,
+    label: &str,
+    rule: &str,
+) -> Option<Limit> {
+    let field = |name: &str| format!("{label}.{name}");
+    let unit = match fields.get("unit") {
+        None => {
+            let message = format!("{label}: missing `unit` (one of {UNITS})");
+            reader.error(fields.line, rule, message);
+            None
+        }
+        Some(node) => reader.string(node, &field("unit"), rule).and_then(|name| {
+            let unit = Unit::parse(&name);
+            if unit.is_none() {
+                let message = format!(
+                    "{}: unknown unit `{name}`; valid units: {UNITS}",
+                    field("unit")
+                );
+                reader.error(yaml::line(node), rule, message);
+            }
+            unit
+        }),
+    };
+    let requests_per_unit = match fields.get("requests_per_unit") {
+        None => {
+            let message = format!("{label}: missing `requests_per_unit` (0 blocks every request)");
+            reader.error(fields.line, rule, message);
+            None
+        }
+        Some(node) => reader.integer(node, &field("requests_per_unit"), 0, rule),
+    };
+    let algorithm = match fields.get("algorithm") {
+        None => Some(Algorithm::default()),
+        Some(node) => reader
+            .string(node, &field("algorithm"), rule)
+            .and_then(|name| {
+                let algorithm = Algorithm::parse(&name);
+                if algorithm.is_none() {
+                    let valid: Vec<_> = Algorithm::ALL.iter().map(|a| a.name()).collect();
+                    let message = format!(
+                        "{}: unknown algorithm `{name}`; valid algorithms: {}",
+                        field("algorithm"),
+                        valid.join(", ")
+                    );
+                    reader.error(yaml::line(node), rule, message);
+                }
+                algorithm
+            }),
+    };
+    let unit_multiplier = match fields.get("unit_multiplier") {
+        None => Some(1),
+        Some(node) => reader.integer(node, &field("unit_multiplier"), 1, rule),
+    };
+    let burst = fields.get("burst").map(|node| {
+        (
+            yaml::line(node),
+            reader.integer(node, &field("burst"), 1, rule),
+        )
+    });
+    let timezone = fields.get("timezone").map(|node| {
+        (
+            yaml::line(node),
+            reader.string(node, &field("timezone"), rule),
+        )
+    });
+
+    let burst = burst.map(|(line, burst)| match algorithm {
+        Some(Algorithm::TokenBucket | Algorithm::Gcra) | None => burst,
+        Some(other) => {
+            let message = format!(
+                "{}: burst applies to token_bucket and gcra only, not {}",
+                field("burst"),
+                other.name()
+            );
+            reader.error(line, rule, message);
+            None
+        }
+    });
+    let timezone = timezone.map(|(line, name)| {
+        if let (Some(unit), Some(multiplier), Some(algorithm)) = (unit, unit_multiplier, algorithm)
+            && let Some(problem) = timezone_problem(unit, multiplier, algorithm)
+        {
+            reader.error(line, rule, format!("{}: {problem}", field("timezone")));
+            return None;
+        }
+        Timezone::parse(&name?)
+            .map_err(|message| {
+                reader.error(line, rule, format!("{}: {message}", field("timezone")))
+            })
+            .ok()
+    });
+    Some(Limit {
+        requests_per_unit: requests_per_unit?,
+        unit: unit?,
+        unit_multiplier: unit_multiplier?,
+        algorithm: algorithm?,
+        burst: optional(burst)?,
+        timezone: optional(timezone)?,
+    })
+}
+
+/// An optional field as read: `Some(None)` when not written, `None` when written but invalid.
+fn optional<T>(read: Option<Option<T>>) -> Option<Option<T>> {
+    match read {
+        None => Some(None),
+        Some(value) => value.map(Some),
+    }
+}
+
+/// Why a time zone cannot apply: calendar windows exist for fixed windows of one day, week,
+/// month or year.
+fn timezone_problem(unit: Unit, unit_multiplier: u32, algorithm: Algorithm) -> Option<String> {
+    if algorithm != Algorithm::FixedWindow {
+        return Some(format!(
+            "applies to fixed_window only, not {}",
+            algorithm.name()
+        ));
+    }
+    if !matches!(unit, Unit::Day | Unit::Week | Unit::Month | Unit::Year) {
+        return Some(format!(
+            "applies to unit day, week, month or year, not {}",
+            unit.name()
+        ));
+    }
+    if unit_multiplier != 1 {
+        return Some(format!(
+            "applies to unit_multiplier 1 only, not {unit_multiplier}"
+        ));
+    }
+    None
+}
+
+/// `replaces: [{name: a}, {name: b}]`, each name with its line.
+fn read_replaces(
+    reader: &mut Reader<'_, '_>,
+    node: &MarkedYaml<'_>,
+    field: &str,
+    rule: &str,
+) -> Vec<(String, usize)> {
+    let Some(items) = reader.list(node, field, rule) else {
+        return Vec::new();
+    };
+    let mut names = Vec::with_capacity(items.len());
+    for (i, item) in items.iter().enumerate() {
+        let entry = format!("{field}[{i}]");
+        let Some(fields) = reader.fields(item, &entry, &["name"], rule) else {
+            continue;
+        };
+        let name = match fields.get("name") {
+            Some(name) => reader.string(name, &format!("{entry}.name"), rule),
+            None => Some(String::new()),
+        };
+        match name {
+            Some(name) if name.is_empty() => {
+                let message = format!(
+                    "{entry}: empty name; write `- name: <the name of the limit to replace>`"
+                );
+                reader.error(yaml::line(item), rule, message);
+            }
+            Some(name) => names.push((name, yaml::line(item))),
+            None => {}
+        }
+    }
+    names
+}

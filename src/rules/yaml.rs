@@ -1,0 +1,312 @@
+//! A rule file as a marked YAML tree: every node keeps the line it was written on, and
+//! duplicate map keys are recorded per map instead of stopping the parse at the first one.
+//!
+//! saphyr's loader can either reject a duplicate key (one error, no tree) or keep the last
+//! value silently. Neither lets us report every duplicate with its rule path, so the parser's
+//! events pass through a small tracker that notes each duplicate key under the start of the
+//! map holding it, on their way to saphyr's own loader. Scalars stay unresolved
+//! (representations), so a string field keeps the text exactly as written (`value: 010`
+//! stays `010`) and typed fields resolve with the YAML 1.2 core schema when read.
+
+use std::borrow::Cow;
+use std::collections::HashMap;
+
+use saphyr::{AnnotatedMapping, MarkedYaml, Scalar, ScalarOwned, YamlData, YamlLoader};
+use saphyr_parser::{Event, Parser, Span, SpannedEventReceiver};
+
+/// One parsed rule file.
+pub(super) struct Document<'input> {
+    /// `None`: the file holds no YAML document at all (empty, or only comments).
+    pub root: Option<MarkedYaml<'input>>,
+    /// Repeated keys, by the source index of the map that holds them.
+    duplicates: HashMap<usize, Vec<DuplicateKey>>,
+}
+
+/// A key written a second time in one map.
+pub(super) struct DuplicateKey {
+    pub key: String,
+    pub line: usize,
+}
+
+/// Why a file is not YAML we can read: the line and the parser's message.
+pub(super) struct SyntaxError {
+    pub line: usize,
+    pub message: String,
+}
+
+impl<'input> Document<'input> {
+    pub fn parse(source: &'input str) -> Result<Self, SyntaxError> {
+        let mut loader = YamlLoader::<MarkedYaml<'input>>::default();
+        loader.early_parse(false);
+        loader.allow_duplicate_keys(true);
+        let mut tracker = DuplicateTracker {
+            loader,
+            frames: Vec::new(),
+            duplicates: HashMap::new(),
+        };
+        let syntax = |error: &saphyr::ScanError| SyntaxError {
+            line: error.marker().line(),
+            message: error.info().to_owned(),
+        };
+        Parser::new_from_str(source)
+            .load(&mut tracker, true)
+            .map_err(|e| syntax(&e))?;
+        if let Some(error) = tracker.loader.error() {
+            return Err(syntax(error));
+        }
+        let mut documents = tracker.loader.into_documents().into_iter();
+        let root = documents.next();
+        // A trailing `---` with nothing after it opens an empty document: harmless.
+        if let Some(second) = documents.find(|document| !is_null(document)) {
+            return Err(SyntaxError {
+                line: second.span.start.line(),
+                message: "a rule file holds one YAML document (one domain), and a second one \
+                          starts here; put each domain in its own file"
+                    .to_owned(),
+            });
+        }
+        Ok(Document {
+            root,
+            duplicates: tracker.duplicates,
+        })
+    }
+
+    /// The keys written twice in `map` (a mapping node of this document).
+    pub fn duplicates_in(&self, map: &MarkedYaml<'_>) -> &[DuplicateKey] {
+        self.duplicates
+            .get(&map.span.start.index())
+            .map_or(&[], Vec::as_slice)
+    }
+}
+
+/// Where the tracker is inside the event stream.
+enum Frame {
+    Sequence,
+    Mapping {
+        keys: Vec<ScalarOwned>,
+        /// The next complete node is a key (else a value).
+        expects_key: bool,
+        start: usize,
+    },
+}
+
+/// Notes duplicate keys, then hands every event to saphyr's loader unchanged.
+struct DuplicateTracker<'input> {
+    loader: YamlLoader<'input, MarkedYaml<'input>>,
+    frames: Vec<Frame>,
+    duplicates: HashMap<usize, Vec<DuplicateKey>>,
+}
+
+impl DuplicateTracker<'_> {
+    /// A node has been completed: in a map, keys and values alternate.
+    fn node_done(&mut self) {
+        if let Some(Frame::Mapping { expects_key, .. }) = self.frames.last_mut() {
+            *expects_key = !*expects_key;
+        }
+    }
+
+    fn scalar(&mut self, value: Scalar<'_>, text: &str, span: Span) {
+        if let Some(Frame::Mapping {
+            keys,
+            expects_key: true,
+            start,
+        }) = self.frames.last_mut()
+        {
+            let key = value.into_owned();
+            if keys.contains(&key) {
+                self.duplicates
+                    .entry(*start)
+                    .or_default()
+                    .push(DuplicateKey {
+                        key: text.to_owned(),
+                        line: span.start.line(),
+                    });
+            } else {
+                keys.push(key);
+            }
+        }
+        self.node_done();
+    }
+}
+
+impl<'input> SpannedEventReceiver<'input> for DuplicateTracker<'input> {
+    fn on_event(&mut self, event: Event<'input>, span: Span) {
+        match &event {
+            Event::MappingStart(..) => self.frames.push(Frame::Mapping {
+                keys: Vec::new(),
+                expects_key: true,
+                start: span.start.index(),
+            }),
+            Event::SequenceStart(..) => self.frames.push(Frame::Sequence),
+            Event::MappingEnd | Event::SequenceEnd => {
+                self.frames.pop();
+                self.node_done();
+            }
+            Event::Scalar(text, style, _, tag) => {
+                let value = Scalar::parse_from_cow_and_metadata(text.clone(), *style, tag.as_ref())
+                    .unwrap_or_else(|| Scalar::String(text.clone()));
+                self.scalar(value, text, span);
+            }
+            Event::Alias(_) => self.node_done(),
+            _ => {}
+        }
+        self.loader.on_event(event, span);
+    }
+}
+
+/// The node under any non-core tag (`!custom {a: 1}` reads as `{a: 1}`).
+pub(super) fn untagged<'a, 'input>(node: &'a MarkedYaml<'input>) -> &'a MarkedYaml<'input> {
+    match &node.data {
+        YamlData::Tagged(_, inner) => untagged(inner),
+        _ => node,
+    }
+}
+
+/// The 1-based line a node starts on.
+pub(super) fn line(node: &MarkedYaml<'_>) -> usize {
+    node.span.start.line()
+}
+
+pub(super) fn mapping<'a, 'input>(
+    node: &'a MarkedYaml<'input>,
+) -> Option<&'a AnnotatedMapping<'input, MarkedYaml<'input>>> {
+    match &untagged(node).data {
+        YamlData::Mapping(map) => Some(map),
+        _ => None,
+    }
+}
+
+pub(super) fn sequence<'a, 'input>(
+    node: &'a MarkedYaml<'input>,
+) -> Option<&'a [MarkedYaml<'input>]> {
+    match &untagged(node).data {
+        YamlData::Sequence(items) => Some(items),
+        _ => None,
+    }
+}
+
+/// The text of `key` in `node` when it is a map, before the map is checked: rule paths need
+/// a descriptor's key and value before its other fields are read.
+pub(super) fn peek<'a>(node: &'a MarkedYaml<'_>, key: &str) -> Option<&'a str> {
+    mapping(node)?
+        .iter()
+        .find(|(k, _)| text(k) == Some(key))
+        .and_then(|(_, value)| text(value))
+}
+
+/// A scalar's text exactly as written (without quotes).
+pub(super) fn text<'a>(node: &'a MarkedYaml<'_>) -> Option<&'a str> {
+    match &untagged(node).data {
+        YamlData::Representation(text, ..) => Some(text),
+        _ => None,
+    }
+}
+
+/// A scalar resolved with the YAML 1.2 core schema (`10` an integer, `"10"` a string, `~` null).
+/// `None` for collections, and for a scalar whose explicit tag does not fit (`!!int ten`).
+pub(super) fn scalar<'a>(node: &'a MarkedYaml<'_>) -> Option<Scalar<'a>> {
+    match &untagged(node).data {
+        YamlData::Representation(text, style, tag) => {
+            let tag = tag.as_ref().map(|t| Cow::Borrowed(t.as_ref()));
+            Scalar::parse_from_cow_and_metadata(Cow::Borrowed(text), *style, tag.as_ref())
+        }
+        _ => None,
+    }
+}
+
+/// Whether the node is absent in YAML's sense: `~`, `null`, or nothing after the colon.
+pub(super) fn is_null(node: &MarkedYaml<'_>) -> bool {
+    matches!(scalar(node), Some(Scalar::Null)) || matches!(untagged(node).data, YamlData::BadValue)
+}
+
+/// What a node is, for "expected …, got …" messages.
+pub(super) fn describe(node: &MarkedYaml<'_>) -> String {
+    match &untagged(node).data {
+        YamlData::Mapping(_) => "a map".to_owned(),
+        YamlData::Sequence(_) => "a list".to_owned(),
+        YamlData::Representation(text, ..) => match scalar(node) {
+            Some(Scalar::Null) => "nothing (null)".to_owned(),
+            Some(Scalar::String(_)) => format!("the string `{text}`"),
+            _ => format!("`{text}`"),
+        },
+        _ => "nothing".to_owned(),
+    }
+}
+
+/// Builds nodes in tests: parse a document and return its root.
+#[cfg(test)]
+pub(super) fn parse_root(source: &str) -> MarkedYaml<'_> {
+    match Document::parse(source) {
+        Ok(Document {
+            root: Some(root), ..
+        }) => root,
+        _ => <MarkedYaml<'_> as saphyr::LoadableYamlNode>::from_bare_yaml(saphyr::Yaml::BadValue),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn get<'a, 'input>(map: &'a MarkedYaml<'input>, key: &str) -> &'a MarkedYaml<'input> {
+        mapping(map)
+            .and_then(|m| m.iter().find(|(k, _)| text(k) == Some(key)))
+            .map(|(_, v)| v)
+            .expect("key present")
+    }
+
+    #[test]
+    fn every_duplicate_key_is_recorded_under_its_map() {
+        let source = "a: 1\nb:\n  x: 1\n  x: 2\n  'x': 3\na: 4\n";
+        let document = Document::parse(source).ok().expect("parses");
+        let root = document.root.as_ref().expect("a root");
+        let top: Vec<_> = document
+            .duplicates_in(root)
+            .iter()
+            .map(|d| (d.key.as_str(), d.line))
+            .collect();
+        assert_eq!(top, [("a", 6)]);
+        let inner = get(root, "b");
+        let nested: Vec<_> = document
+            .duplicates_in(inner)
+            .iter()
+            .map(|d| (d.key.as_str(), d.line))
+            .collect();
+        assert_eq!(nested, [("x", 4), ("x", 5)]);
+    }
+
+    #[test]
+    fn keys_differing_in_yaml_type_are_not_duplicates() {
+        let document = Document::parse("1: a\n'1': b\n").ok().expect("parses");
+        let root = document.root.as_ref().expect("a root");
+        assert!(document.duplicates_in(root).is_empty());
+    }
+
+    #[test]
+    fn scalar_text_is_kept_as_written() {
+        let root = parse_root("value: 010\n");
+        let value = get(&root, "value");
+        assert_eq!(text(value), Some("010"));
+        assert_eq!(line(value), 1);
+    }
+
+    #[test]
+    fn syntax_error_carries_the_parser_line() {
+        let error = Document::parse("a: 1\nb: [1, 2\nc: 3\n")
+            .err()
+            .expect("fails");
+        assert!(error.line >= 2, "line {}", error.line);
+    }
+
+    #[test]
+    fn a_trailing_empty_document_is_ignored() {
+        let document = Document::parse("---\na: 1\n---\n").ok().expect("parses");
+        assert!(document.root.is_some());
+    }
+
+    #[test]
+    fn a_second_document_is_an_error() {
+        let error = Document::parse("a: 1\n---\nb: 2\n").err().expect("fails");
+        assert_eq!(error.line, 3);
+    }
+}

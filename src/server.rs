@@ -1,0 +1,124 @@
+//! The server's lifecycle: bind both listeners, serve gRPC (rate limit, health, reflection)
+//! and HTTP, and on shutdown turn health NOT_SERVING, let in-flight requests finish within
+//! the grace period, then stop.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use anyhow::Context;
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+use tonic::transport::server::TcpIncoming;
+
+use crate::http::{self, HttpState};
+use crate::proto::FILE_DESCRIPTOR_SET;
+use crate::proto::envoy::service::ratelimit::v3::rate_limit_service_server::RateLimitServiceServer;
+use crate::service::RateLimiter;
+use crate::service::grpc::GrpcService;
+
+/// A server that is accepting requests.
+pub struct RunningServer {
+    pub grpc_addr: SocketAddr,
+    pub http_addr: SocketAddr,
+    stop: watch::Sender<bool>,
+    ready: Arc<AtomicBool>,
+    health: tonic_health::server::HealthReporter,
+    tasks: JoinHandle<anyhow::Result<()>>,
+}
+
+/// Binds `grpc_addr` and `http_addr` (port 0 picks a free port) and starts serving.
+pub async fn start(
+    limiter: Arc<RateLimiter>,
+    grpc_addr: SocketAddr,
+    http_addr: SocketAddr,
+) -> anyhow::Result<RunningServer> {
+    let grpc_listener = TcpListener::bind(grpc_addr)
+        .await
+        .with_context(|| format!("binding the gRPC address {grpc_addr}"))?;
+    let http_listener = TcpListener::bind(http_addr)
+        .await
+        .with_context(|| format!("binding the HTTP address {http_addr}"))?;
+    let grpc_addr = grpc_listener.local_addr()?;
+    let http_addr = http_listener.local_addr()?;
+
+    let (health, health_service) = tonic_health::server::health_reporter();
+    health
+        .set_serving::<RateLimitServiceServer<GrpcService>>()
+        .await;
+    let reflection = tonic_reflection::server::Builder::configure()
+        .register_encoded_file_descriptor_set(FILE_DESCRIPTOR_SET)
+        .build_v1()
+        .context("building the reflection service")?;
+
+    let (stop, stopped) = watch::channel(false);
+    let ready = Arc::new(AtomicBool::new(true));
+    let grpc = tonic::transport::Server::builder()
+        .add_service(health_service)
+        .add_service(reflection)
+        .add_service(RateLimitServiceServer::new(GrpcService(limiter.clone())))
+        .serve_with_incoming_shutdown(
+            TcpIncoming::from(grpc_listener).with_nodelay(Some(true)),
+            wait_for_stop(stopped.clone()),
+        );
+    let http = axum::serve(
+        http_listener,
+        http::router(HttpState {
+            limiter,
+            ready: ready.clone(),
+        }),
+    )
+    .with_graceful_shutdown(wait_for_stop(stopped));
+
+    let tasks = tokio::spawn(async move {
+        let (grpc, http) = tokio::join!(grpc, http);
+        grpc.context("gRPC server")?;
+        http.context("HTTP server")?;
+        Ok(())
+    });
+    Ok(RunningServer {
+        grpc_addr,
+        http_addr,
+        stop,
+        ready,
+        health,
+        tasks,
+    })
+}
+
+impl RunningServer {
+    /// Stops accepting work: health and readiness turn NOT_SERVING at once, in-flight
+    /// requests get up to `grace` to finish.
+    pub async fn shutdown(self, grace: Duration) -> anyhow::Result<()> {
+        self.ready.store(false, Ordering::Release);
+        self.health
+            .set_not_serving::<RateLimitServiceServer<GrpcService>>()
+            .await;
+        self.health
+            .set_service_status("", tonic_health::ServingStatus::NotServing)
+            .await;
+        let _ = self.stop.send(true);
+        match tokio::time::timeout(grace, self.tasks).await {
+            Ok(joined) => joined.context("server task")?,
+            Err(_) => {
+                tracing::warn!(
+                    ?grace,
+                    "in-flight requests did not finish within the grace period"
+                );
+                Ok(())
+            }
+        }
+    }
+
+    /// Waits until the servers stop on their own (a listener failed).
+    pub async fn wait(&mut self) -> anyhow::Result<()> {
+        (&mut self.tasks).await.context("server task")?
+    }
+}
+
+async fn wait_for_stop(mut stopped: watch::Receiver<bool>) {
+    // A dropped sender also means stop.
+    let _ = stopped.wait_for(|stop| *stop).await;
+}

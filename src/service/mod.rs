@@ -1,0 +1,243 @@
+//! The decision: one `ShouldRateLimit` request in, one response out, independent of the
+//! transport (gRPC and `POST /json` both call [`RateLimiter::should_rate_limit`]).
+//!
+//! The steps, in order: check the request → find each descriptor's rule (or its override) →
+//! drop the descriptors another matched rule `replaces` → count every limit on the backend in
+//! one call → combine the decisions into statuses, the overall code, headers and metadata.
+
+pub mod grpc;
+mod headers;
+mod metadata;
+pub mod request;
+mod response;
+
+use std::borrow::Cow;
+use std::sync::Arc;
+
+use arc_swap::ArcSwap;
+
+use crate::backend::{Backend, BackendError, CounterHit};
+use crate::limiter::{CounterKey, Limit};
+use crate::proto::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
+use crate::proto::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
+use crate::rules::{Domain, OnBackendError, Policy, Rule, RuleSet};
+use crate::settings::{HeaderStyle, RequestLimits, Settings};
+
+pub use request::InvalidRequest;
+
+/// The rule identity under which request-supplied overrides are counted. Rule ids always
+/// contain a `.`, so this can never name a configured rule.
+const OVERRIDE_RULE_ID: &str = "override";
+
+/// How responses are shaped; fixed at start-up.
+#[derive(Debug, Clone)]
+pub struct ServiceOptions {
+    pub shadow_mode: bool,
+    pub quota_mode: bool,
+    pub response_headers: HeaderStyle,
+    pub retry_after_jitter: u32,
+    pub dynamic_metadata: bool,
+    pub on_backend_error: OnBackendError,
+    pub request_limits: RequestLimits,
+}
+
+impl ServiceOptions {
+    pub fn from_settings(settings: &Settings) -> Self {
+        ServiceOptions {
+            shadow_mode: settings.shadow_mode,
+            quota_mode: settings.quota_mode,
+            response_headers: settings.response_headers,
+            retry_after_jitter: settings.retry_after_jitter,
+            dynamic_metadata: settings.dynamic_metadata,
+            on_backend_error: settings.on_backend_error.into(),
+            request_limits: settings.request_limits,
+        }
+    }
+}
+
+impl Default for ServiceOptions {
+    fn default() -> Self {
+        Self::from_settings(&Settings::default())
+    }
+}
+
+/// Why a request got no decision.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum DecideError {
+    #[error(transparent)]
+    InvalidRequest(#[from] InvalidRequest),
+    #[error(transparent)]
+    Backend(#[from] BackendError),
+}
+
+/// The rate-limit decision service: the rules in force, the counters, the response options.
+pub struct RateLimiter {
+    rules: ArcSwap<RuleSet>,
+    backend: Backend,
+    options: ServiceOptions,
+}
+
+/// What one descriptor of a request resolved to.
+enum Resolution<'r> {
+    /// No rule applies (unknown domain, no match, whitelisted, or replaced): OK, no limit.
+    Pass,
+    /// `unlimited: true`: OK with remaining 4294967295.
+    Unlimited { rule: &'r Rule },
+    /// Counted against `limits`; `rule` is `None` for a request-supplied override.
+    Counted {
+        rule: Option<&'r Rule>,
+        limits: Vec<(Option<&'r str>, Cow<'r, Limit>)>,
+        entries: Vec<(&'r str, &'r str)>,
+    },
+}
+
+impl<'r> Resolution<'r> {
+    /// The configured rule this descriptor matched, if any.
+    fn rule(&self) -> Option<&'r Rule> {
+        match self {
+            Resolution::Unlimited { rule } => Some(rule),
+            Resolution::Counted { rule, .. } => *rule,
+            Resolution::Pass => None,
+        }
+    }
+}
+
+impl RateLimiter {
+    pub fn new(rules: RuleSet, backend: Backend, options: ServiceOptions) -> Self {
+        RateLimiter {
+            rules: ArcSwap::from_pointee(rules),
+            backend,
+            options,
+        }
+    }
+
+    /// The rules in force.
+    pub fn rules(&self) -> Arc<RuleSet> {
+        self.rules.load_full()
+    }
+
+    /// Puts a new rule set in force for every request that starts after this call.
+    pub fn replace_rules(&self, rules: RuleSet) {
+        self.rules.store(Arc::new(rules));
+    }
+
+    pub fn backend(&self) -> &Backend {
+        &self.backend
+    }
+
+    pub fn options(&self) -> &ServiceOptions {
+        &self.options
+    }
+
+    /// Decides one request.
+    pub async fn should_rate_limit(
+        &self,
+        request: &RateLimitRequest,
+    ) -> Result<RateLimitResponse, DecideError> {
+        request::check(request, &self.options.request_limits)?;
+        let rules = self.rules.load();
+        let resolutions = match rules.domain(&request.domain) {
+            Some(domain) => resolve_all(domain, &request.descriptors)?,
+            None => request
+                .descriptors
+                .iter()
+                .map(|_| Resolution::Pass)
+                .collect(),
+        };
+
+        let mut hits = Vec::new();
+        for (descriptor, resolution) in request.descriptors.iter().zip(&resolutions) {
+            if let Resolution::Counted {
+                rule,
+                limits,
+                entries,
+            } = resolution
+            {
+                let rule_id = rule.map_or(OVERRIDE_RULE_ID, |rule| rule.id.as_str());
+                let cost = request::hits(request, descriptor);
+                for (index, (_, limit)) in limits.iter().enumerate() {
+                    hits.push(CounterHit {
+                        key: CounterKey::new(
+                            &request.domain,
+                            rule_id,
+                            index,
+                            limit,
+                            entries.iter().copied(),
+                        ),
+                        limit: limit.clone(),
+                        hits: cost,
+                    });
+                }
+            }
+        }
+        let decisions = self.backend.hit_all(&hits).await?;
+        Ok(response::build(
+            request,
+            &resolutions,
+            &decisions,
+            &self.options,
+        ))
+    }
+}
+
+/// Resolves every descriptor, then turns the ones a matched rule `replaces` into passes.
+fn resolve_all<'r>(
+    domain: &'r Domain,
+    descriptors: &'r [RateLimitDescriptor],
+) -> Result<Vec<Resolution<'r>>, InvalidRequest> {
+    let mut resolutions = descriptors
+        .iter()
+        .enumerate()
+        .map(|(index, descriptor)| {
+            resolve(domain, descriptor)
+                .map_err(|m| InvalidRequest(format!("descriptor {index}: {m}")))
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    let replaced: Vec<&str> = resolutions
+        .iter()
+        .filter_map(Resolution::rule)
+        .flat_map(|rule| rule.replaces.iter())
+        .map(String::as_str)
+        .collect();
+    if !replaced.is_empty() {
+        for resolution in &mut resolutions {
+            if let Some(rule) = resolution.rule()
+                && rule.names().any(|name| replaced.contains(&name))
+            {
+                *resolution = Resolution::Pass;
+            }
+        }
+    }
+    Ok(resolutions)
+}
+
+fn resolve<'r>(
+    domain: &'r Domain,
+    descriptor: &'r RateLimitDescriptor,
+) -> Result<Resolution<'r>, String> {
+    let request_entries = descriptor
+        .entries
+        .iter()
+        .map(|e| (e.key.as_str(), e.value.as_str()));
+    if let Some(limit) = &descriptor.limit {
+        return Ok(Resolution::Counted {
+            rule: None,
+            limits: vec![(None, Cow::Owned(request::override_limit(limit)?))],
+            entries: request_entries.collect(),
+        });
+    }
+    let Some(found) = domain.find(request_entries) else {
+        return Ok(Resolution::Pass);
+    };
+    Ok(match &found.rule.policy {
+        Policy::Unlimited { .. } => Resolution::Unlimited { rule: found.rule },
+        Policy::Limited(limits) => Resolution::Counted {
+            rule: Some(found.rule),
+            limits: limits
+                .iter()
+                .map(|named| (named.name.as_deref(), Cow::Borrowed(&named.limit)))
+                .collect(),
+            entries: found.entries,
+        },
+    })
+}

@@ -1,0 +1,247 @@
+//! Settings: built-in defaults, then a settings file (`--config`, TOML), then `FLOODGATE_*`
+//! environment variables, then command-line flags — each layer overriding the one before.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+
+use serde::Deserialize;
+
+use crate::rules::OnBackendError;
+
+/// Which rate-limit headers the service adds to `response_headers_to_add`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum HeaderStyle {
+    /// No headers (Envoy can still build its own from the statuses).
+    #[default]
+    None,
+    /// `X-RateLimit-Limit`, `-Remaining`, `-Reset` (draft-polli-ratelimit-headers-03).
+    Draft03,
+    /// `RateLimit-Policy` and `RateLimit` (draft-ietf-httpapi-ratelimit-headers-10).
+    Ietf,
+}
+
+/// Where counters live.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "kebab-case")]
+pub enum BackendKind {
+    /// In process memory: exact for one replica, forgotten on restart.
+    #[default]
+    Memory,
+}
+
+impl BackendKind {
+    pub const fn name(self) -> &'static str {
+        match self {
+            BackendKind::Memory => "memory",
+        }
+    }
+}
+
+/// Log line format.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum LogFormat {
+    #[default]
+    Text,
+    Json,
+}
+
+/// Bounds on a request, so no client can make one decision arbitrarily expensive.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct RequestLimits {
+    pub max_descriptors: usize,
+    pub max_entries: usize,
+    pub max_key_bytes: usize,
+    pub max_value_bytes: usize,
+}
+
+impl Default for RequestLimits {
+    fn default() -> Self {
+        RequestLimits {
+            max_descriptors: 64,
+            max_entries: 16,
+            max_key_bytes: 256,
+            max_value_bytes: 1024,
+        }
+    }
+}
+
+/// Everything `floodgate serve` can be told.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Settings {
+    pub grpc_addr: SocketAddr,
+    pub http_addr: SocketAddr,
+    /// Directory of rule files.
+    pub rules: PathBuf,
+    pub backend: BackendKind,
+    /// Global shadow mode: the overall code is never OVER_LIMIT.
+    pub shadow_mode: bool,
+    /// Global quota mode: every rule behaves as `quota_mode: true`.
+    pub quota_mode: bool,
+    pub response_headers: HeaderStyle,
+    /// Up to this many seconds, chosen at random, are added to `Retry-After`.
+    pub retry_after_jitter: u32,
+    /// Fill `dynamic_metadata` (descriptors, codes, quota-mode violations, rule metadata).
+    pub dynamic_metadata: bool,
+    /// What a rule without `on_backend_error` does when its backend fails.
+    pub on_backend_error: OnBackendErrorSetting,
+    pub request_limits: RequestLimits,
+    pub log_format: LogFormat,
+    /// Seconds in-flight requests get to finish after SIGTERM/SIGINT.
+    pub shutdown_grace: u64,
+}
+
+/// `on_backend_error` as a settings value.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "snake_case")]
+pub enum OnBackendErrorSetting {
+    #[default]
+    Error,
+    FailOpen,
+    FailClosed,
+    Local,
+}
+
+impl From<OnBackendErrorSetting> for OnBackendError {
+    fn from(value: OnBackendErrorSetting) -> Self {
+        match value {
+            OnBackendErrorSetting::Error => OnBackendError::Error,
+            OnBackendErrorSetting::FailOpen => OnBackendError::FailOpen,
+            OnBackendErrorSetting::FailClosed => OnBackendError::FailClosed,
+            OnBackendErrorSetting::Local => OnBackendError::Local,
+        }
+    }
+}
+
+impl Default for Settings {
+    fn default() -> Self {
+        Settings {
+            grpc_addr: SocketAddr::from(([127, 0, 0, 1], 8081)),
+            http_addr: SocketAddr::from(([127, 0, 0, 1], 8080)),
+            rules: PathBuf::from("examples/rules"),
+            backend: BackendKind::Memory,
+            shadow_mode: false,
+            quota_mode: false,
+            response_headers: HeaderStyle::None,
+            retry_after_jitter: 0,
+            dynamic_metadata: false,
+            on_backend_error: OnBackendErrorSetting::Error,
+            request_limits: RequestLimits::default(),
+            log_format: LogFormat::Text,
+            shutdown_grace: 10,
+        }
+    }
+}
+
+/// A setting given on the command line; `None` leaves the lower layers' value.
+#[derive(Debug, Default)]
+pub struct Overrides {
+    pub values: Vec<(&'static str, config::Value)>,
+}
+
+impl Overrides {
+    pub fn set(&mut self, key: &'static str, value: Option<impl Into<config::Value>>) {
+        if let Some(value) = value {
+            self.values.push((key, value.into()));
+        }
+    }
+}
+
+impl Settings {
+    /// Layers the settings file (if any), the `FLOODGATE_*` environment and `overrides` over
+    /// the defaults. Nested keys use a double underscore:
+    /// `FLOODGATE_REQUEST_LIMITS__MAX_DESCRIPTORS=8`.
+    pub fn load(
+        file: Option<&Path>,
+        overrides: Overrides,
+    ) -> Result<Settings, config::ConfigError> {
+        Self::load_from(file, std::env::vars(), overrides)
+    }
+
+    /// [`Settings::load`] with the environment given explicitly (for tests).
+    pub fn load_from(
+        file: Option<&Path>,
+        env: impl IntoIterator<Item = (String, String)>,
+        overrides: Overrides,
+    ) -> Result<Settings, config::ConfigError> {
+        let env: config::Map<String, String> = env
+            .into_iter()
+            .filter(|(name, _)| name.starts_with("FLOODGATE_") && name != "FLOODGATE_CONFIG")
+            .collect();
+        let mut builder = config::Config::builder();
+        if let Some(file) = file {
+            builder = builder.add_source(config::File::from(file).format(config::FileFormat::Toml));
+        }
+        builder = builder.add_source(
+            config::Environment::with_prefix("FLOODGATE")
+                .prefix_separator("_")
+                .separator("__")
+                .try_parsing(true)
+                .source(Some(env)),
+        );
+        for (key, value) in overrides.values {
+            builder = builder.set_override(key, value)?;
+        }
+        builder.build()?.try_deserialize()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn env(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    }
+
+    #[test]
+    fn defaults_serve_the_example_rules_on_loopback() {
+        let settings = Settings::load_from(None, env(&[]), Overrides::default()).unwrap();
+        assert_eq!(settings, Settings::default());
+        assert_eq!(settings.grpc_addr.to_string(), "127.0.0.1:8081");
+    }
+
+    #[test]
+    fn environment_overrides_file_and_flags_override_environment() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("floodgate.toml");
+        std::fs::write(
+            &file,
+            "shadow_mode = true\nresponse_headers = \"ietf\"\nhttp_addr = \"127.0.0.1:9000\"\n\
+             [request_limits]\nmax_descriptors = 3\n",
+        )
+        .unwrap();
+        let mut overrides = Overrides::default();
+        overrides.set("http_addr", Some("127.0.0.1:9100"));
+        let settings = Settings::load_from(
+            Some(&file),
+            env(&[
+                ("FLOODGATE_RESPONSE_HEADERS", "draft03"),
+                ("FLOODGATE_HTTP_ADDR", "127.0.0.1:9001"),
+                ("FLOODGATE_REQUEST_LIMITS__MAX_ENTRIES", "4"),
+            ]),
+            overrides,
+        )
+        .unwrap();
+        assert!(settings.shadow_mode);
+        assert_eq!(settings.response_headers, HeaderStyle::Draft03);
+        assert_eq!(settings.http_addr.to_string(), "127.0.0.1:9100");
+        assert_eq!(settings.request_limits.max_descriptors, 3);
+        assert_eq!(settings.request_limits.max_entries, 4);
+    }
+
+    #[test]
+    fn unknown_setting_in_file_is_an_error() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("floodgate.toml");
+        std::fs::write(&file, "shadow_mod = true\n").unwrap();
+        let error = Settings::load_from(Some(&file), env(&[]), Overrides::default()).unwrap_err();
+        assert!(error.to_string().contains("shadow_mod"), "{error}");
+    }
+}

@@ -1,0 +1,197 @@
+//! Runs the real `floodgate` binary for integration tests: rules written to a temporary
+//! directory, gRPC and HTTP on free loopback ports, killed when dropped.
+
+#![allow(dead_code)]
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use floodgate::proto::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
+use floodgate::proto::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry;
+use floodgate::proto::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
+use floodgate::proto::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
+use tonic::transport::Channel;
+
+pub const BINARY: &str = env!("CARGO_BIN_EXE_floodgate");
+
+/// A running floodgate server.
+pub struct Floodgate {
+    child: Child,
+    pub grpc_addr: SocketAddr,
+    pub http_addr: SocketAddr,
+    pub rules_dir: tempfile::TempDir,
+}
+
+impl Floodgate {
+    /// Starts a server on `rules` (file name, YAML) with extra `serve` flags.
+    pub fn start(rules: &[(&str, &str)], flags: &[&str]) -> Floodgate {
+        let rules_dir = write_rules(rules);
+        let log = std::fs::File::create(rules_dir.path().join(".stderr")).expect("log file");
+        let mut child = command()
+            .args([
+                "serve",
+                "--grpc-addr",
+                "127.0.0.1:0",
+                "--http-addr",
+                "127.0.0.1:0",
+                "--rules",
+            ])
+            .arg(rules_dir.path())
+            .args(flags)
+            .stdout(Stdio::piped())
+            .stderr(log)
+            .spawn()
+            .expect("floodgate binary starts");
+        let stdout = child.stdout.take().expect("piped stdout");
+        let mut line = String::new();
+        BufReader::new(stdout)
+            .read_line(&mut line)
+            .expect("reading the startup line");
+        let Some(addresses) = line.trim().strip_prefix("floodgate listening: ") else {
+            let _ = child.kill();
+            let _ = child.wait();
+            let stderr =
+                std::fs::read_to_string(rules_dir.path().join(".stderr")).unwrap_or_default();
+            panic!("floodgate did not start: {line:?}\n{stderr}");
+        };
+        let address = |name: &str| -> SocketAddr {
+            addresses
+                .split_whitespace()
+                .find_map(|part| part.strip_prefix(name))
+                .and_then(|a| a.parse().ok())
+                .unwrap_or_else(|| panic!("no {name} in {addresses:?}"))
+        };
+        Floodgate {
+            grpc_addr: address("grpc="),
+            http_addr: address("http="),
+            child,
+            rules_dir,
+        }
+    }
+
+    /// What the server wrote to stderr so far.
+    pub fn stderr(&self) -> String {
+        std::fs::read_to_string(self.rules_dir.path().join(".stderr")).unwrap_or_default()
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    pub async fn client(&self) -> RateLimitServiceClient<Channel> {
+        RateLimitServiceClient::connect(format!("http://{}", self.grpc_addr))
+            .await
+            .expect("connecting to floodgate")
+    }
+
+    /// One request; panics on a gRPC error.
+    pub async fn ask(&self, request: RateLimitRequest) -> RateLimitResponse {
+        self.client()
+            .await
+            .should_rate_limit(request)
+            .await
+            .expect("ShouldRateLimit succeeds")
+            .into_inner()
+    }
+
+    /// One request; the gRPC error.
+    pub async fn ask_err(&self, request: RateLimitRequest) -> tonic::Status {
+        self.client()
+            .await
+            .should_rate_limit(request)
+            .await
+            .expect_err("ShouldRateLimit fails")
+    }
+
+    /// A plain HTTP/1.1 exchange with the server's HTTP port: (status, body).
+    pub fn http(&self, method: &str, path: &str, body: &str) -> (u16, String) {
+        http(self.http_addr, method, path, body)
+    }
+
+    /// Sends SIGTERM and waits: the exit status and everything written to stderr.
+    pub fn terminate(mut self) -> (std::process::ExitStatus, String) {
+        let _ = Command::new("kill")
+            .arg("-TERM")
+            .arg(self.child.id().to_string())
+            .status();
+        let status = self.child.wait().expect("waiting for floodgate");
+        (status, self.stderr())
+    }
+}
+
+impl Drop for Floodgate {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// The binary with a clean environment: no FLOODGATE_* from the caller leaks in.
+pub fn command() -> Command {
+    let mut command = Command::new(BINARY);
+    for (name, _) in std::env::vars() {
+        if name.starts_with("FLOODGATE_") {
+            command.env_remove(name);
+        }
+    }
+    command.env("RUST_LOG", "warn");
+    command
+}
+
+pub fn write_rules(rules: &[(&str, &str)]) -> tempfile::TempDir {
+    let dir = tempfile::tempdir().expect("temporary rules directory");
+    for (name, text) in rules {
+        std::fs::write(dir.path().join(name), text).expect("writing a rule file");
+    }
+    dir
+}
+
+pub fn http(addr: SocketAddr, method: &str, path: &str, body: &str) -> (u16, String) {
+    let mut stream = TcpStream::connect(addr).expect("connecting over HTTP");
+    stream.set_read_timeout(Some(Duration::from_secs(10))).ok();
+    write!(
+        stream,
+        "{method} {path} HTTP/1.1\r\nhost: {addr}\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+        body.len()
+    )
+    .expect("writing the HTTP request");
+    let mut response = String::new();
+    stream
+        .read_to_string(&mut response)
+        .expect("reading the HTTP response");
+    let status = response
+        .split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .expect("an HTTP status line");
+    let body = response
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_owned())
+        .unwrap_or_default();
+    (status, body)
+}
+
+/// A descriptor from (key, value) pairs.
+pub fn descriptor(entries: &[(&str, &str)]) -> RateLimitDescriptor {
+    RateLimitDescriptor {
+        entries: entries
+            .iter()
+            .map(|(key, value)| Entry {
+                key: (*key).into(),
+                value: (*value).into(),
+            })
+            .collect(),
+        ..Default::default()
+    }
+}
+
+/// A request for `domain` with `descriptors`.
+pub fn request(domain: &str, descriptors: Vec<RateLimitDescriptor>) -> RateLimitRequest {
+    RateLimitRequest {
+        domain: domain.into(),
+        descriptors,
+        hits_addend: 0,
+    }
+}

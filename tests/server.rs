@@ -1,0 +1,190 @@
+//! The server around the decision: HTTP endpoints, gRPC health and reflection, and shutdown.
+
+mod harness;
+
+use floodgate::proto::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
+use harness::{Floodgate, descriptor, request};
+use tonic_health::pb::HealthCheckRequest;
+use tonic_health::pb::health_check_response::ServingStatus;
+use tonic_health::pb::health_client::HealthClient;
+
+const RULES: &str = "
+domain: api
+descriptors:
+  - key: user
+    rate_limit:
+      unit: day
+      requests_per_unit: 1
+";
+
+async fn channel(server: &Floodgate) -> tonic::transport::Channel {
+    tonic::transport::Endpoint::from_shared(format!("http://{}", server.grpc_addr))
+        .unwrap()
+        .connect()
+        .await
+        .unwrap()
+}
+
+const JSON_REQUEST: &str =
+    r#"{"domain":"api","descriptors":[{"entries":[{"key":"user","value":"a"}]}]}"#;
+
+#[test]
+fn json_endpoint_answers_200_then_429() {
+    let server = Floodgate::start(&[("r.yaml", RULES)], &[]);
+    let (status, body) = server.http("POST", "/json", JSON_REQUEST);
+    assert_eq!(status, 200, "{body}");
+    let response: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(response["overallCode"], "OK");
+    assert_eq!(
+        response["statuses"][0]["currentLimit"]["requestsPerUnit"],
+        1
+    );
+    let (status, body) = server.http("POST", "/json", JSON_REQUEST);
+    assert_eq!(status, 429, "{body}");
+    assert!(body.contains("OVER_LIMIT"), "{body}");
+}
+
+#[test]
+fn json_endpoint_accepts_snake_case_field_names() {
+    let server = Floodgate::start(&[("r.yaml", RULES)], &[]);
+    let body = r#"{"domain":"api","hits_addend":1,"descriptors":[{"entries":[{"key":"user","value":"b"}]}]}"#;
+    assert_eq!(server.http("POST", "/json", body).0, 200);
+}
+
+#[test]
+fn json_endpoint_answers_400_with_the_reason() {
+    let server = Floodgate::start(&[("r.yaml", RULES)], &[]);
+    let (status, body) = server.http("POST", "/json", "{not json");
+    assert_eq!(status, 400);
+    assert!(body.contains("invalid JSON"), "{body}");
+    let (status, body) = server.http("POST", "/json", r#"{"domain":"","descriptors":[]}"#);
+    assert_eq!(status, 400);
+    assert!(body.contains("domain must not be empty"), "{body}");
+}
+
+#[test]
+fn health_and_readiness_answer_while_serving() {
+    let server = Floodgate::start(&[("r.yaml", RULES)], &[]);
+    assert_eq!(server.http("GET", "/healthz", "").0, 200);
+    assert_eq!(server.http("GET", "/readyz", "").0, 200);
+}
+
+#[test]
+fn rlconfig_lists_the_loaded_rules() {
+    let server = Floodgate::start(&[("r.yaml", RULES)], &[]);
+    let (status, body) = server.http("GET", "/rlconfig", "");
+    assert_eq!(status, 200);
+    assert!(body.contains("api.user"), "{body}");
+}
+
+#[tokio::test]
+async fn grpc_health_reports_the_rate_limit_service_serving() {
+    let server = Floodgate::start(&[("r.yaml", RULES)], &[]);
+    let mut health = HealthClient::new(channel(&server).await);
+    for service in ["", "envoy.service.ratelimit.v3.RateLimitService"] {
+        let status = health
+            .check(HealthCheckRequest {
+                service: service.into(),
+            })
+            .await
+            .unwrap()
+            .into_inner()
+            .status;
+        assert_eq!(status, ServingStatus::Serving as i32, "service {service:?}");
+    }
+}
+
+#[tokio::test]
+async fn grpc_reflection_lists_the_rate_limit_service() {
+    use tonic_reflection::pb::v1::ServerReflectionRequest;
+    use tonic_reflection::pb::v1::server_reflection_client::ServerReflectionClient;
+    use tonic_reflection::pb::v1::server_reflection_request::MessageRequest;
+    use tonic_reflection::pb::v1::server_reflection_response::MessageResponse;
+
+    let server = Floodgate::start(&[("r.yaml", RULES)], &[]);
+    let mut client = ServerReflectionClient::new(channel(&server).await);
+    let request = ServerReflectionRequest {
+        host: String::new(),
+        message_request: Some(MessageRequest::ListServices(String::new())),
+    };
+    let mut responses = client
+        .server_reflection_info(tokio_stream::iter([request]))
+        .await
+        .unwrap()
+        .into_inner();
+    let response = responses.message().await.unwrap().unwrap();
+    let Some(MessageResponse::ListServicesResponse(list)) = response.message_response else {
+        panic!("unexpected reflection answer");
+    };
+    let names: Vec<String> = list.service.into_iter().map(|s| s.name).collect();
+    assert!(
+        names.contains(&"envoy.service.ratelimit.v3.RateLimitService".to_string()),
+        "{names:?}"
+    );
+}
+
+#[tokio::test]
+async fn sigterm_finishes_and_exits_cleanly() {
+    let server = Floodgate::start(&[("r.yaml", RULES)], &[]);
+    let mut client = RateLimitServiceClient::connect(format!("http://{}", server.grpc_addr))
+        .await
+        .unwrap();
+    client
+        .should_rate_limit(request("api", vec![descriptor(&[("user", "z")])]))
+        .await
+        .unwrap();
+    let (status, stderr) = tokio::task::spawn_blocking(move || server.terminate())
+        .await
+        .unwrap();
+    assert!(status.success(), "{status:?}\n{stderr}");
+}
+
+#[tokio::test]
+async fn sigterm_turns_health_not_serving_before_exit() {
+    let server = Floodgate::start(&[("r.yaml", RULES)], &[]);
+    let mut health = HealthClient::new(channel(&server).await);
+    let mut updates = health
+        .watch(HealthCheckRequest {
+            service: "envoy.service.ratelimit.v3.RateLimitService".into(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let first = updates.message().await.unwrap().unwrap();
+    assert_eq!(first.status, ServingStatus::Serving as i32);
+    let pid = server.pid().to_string();
+    std::process::Command::new("kill")
+        .args(["-TERM", &pid])
+        .status()
+        .unwrap();
+    let next = updates.message().await.unwrap().unwrap();
+    assert_eq!(next.status, ServingStatus::NotServing as i32);
+    drop(updates);
+    drop(health);
+    let (status, stderr) = tokio::task::spawn_blocking(move || server.terminate())
+        .await
+        .unwrap();
+    assert!(status.success(), "{status:?}\n{stderr}");
+}
+
+#[test]
+fn query_command_prints_the_decision_and_exits_2_over_limit() {
+    let server = Floodgate::start(&[("r.yaml", RULES)], &[]);
+    let query = || {
+        harness::command()
+            .args(["query", "--addr", &format!("http://{}", server.grpc_addr)])
+            .args(["--domain", "api", "--descriptor", "user=q"])
+            .output()
+            .unwrap()
+    };
+    let first = query();
+    let text = String::from_utf8_lossy(&first.stdout);
+    assert_eq!(first.status.code(), Some(0), "{text}");
+    assert!(
+        text.starts_with("OK\n") && text.contains("limit 1 per day"),
+        "{text}"
+    );
+    let second = query();
+    assert_eq!(second.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&second.stdout).starts_with("OVER_LIMIT"));
+}
