@@ -16,6 +16,11 @@ use floodgate::service::{RateLimiter, ServiceOptions};
 use floodgate::settings::{BackendKind, HeaderStyle, LogFormat, Overrides, Settings};
 use floodgate::{bench, query, server};
 
+/// mimalloc: the h2/tonic request path allocates many small, short-lived buffers, which
+/// glibc's allocator serves markedly slower (see the README's performance section).
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 #[derive(Parser)]
 #[command(
     name = "floodgate",

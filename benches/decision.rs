@@ -1,0 +1,130 @@
+//! Where a decision's CPU goes, without the network: rule matching, the counter key, one
+//! memory-backend hit, and a whole `ShouldRateLimit` in process.
+//!
+//! `cargo bench --bench decision`
+
+use std::hint::black_box;
+use std::sync::Arc;
+
+use criterion::{Criterion, criterion_group, criterion_main};
+
+use floodgate::backend::{Backend, MemoryBackend};
+use floodgate::clock::SystemClock;
+use floodgate::limiter::{CounterKey, Hits, Limit, Unit};
+use floodgate::proto::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
+use floodgate::proto::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry;
+use floodgate::proto::envoy::service::ratelimit::v3::RateLimitRequest;
+use floodgate::rules::RuleSet;
+use floodgate::service::{RateLimiter, ServiceOptions};
+
+const RULES: &str = "
+domain: bench
+descriptors:
+  - key: user_id
+    rate_limit: { unit: second, requests_per_unit: 1000000 }
+  - key: path
+    value: /api/*/orders/*
+    rate_limit: { unit: minute, requests_per_unit: 100 }
+  - key: path
+    value: /health
+    rate_limit: { unlimited: true }
+  - key: tenant
+    value: acme
+    descriptors:
+      - key: user_id
+        rate_limit: { unit: hour, requests_per_unit: 5000, algorithm: gcra }
+";
+
+fn rules() -> RuleSet {
+    RuleSet::from_sources(&[("bench.yaml".into(), RULES.into())]).expect("bench rules load")
+}
+
+fn matching(c: &mut Criterion) {
+    let rules = rules();
+    let domain = rules.domain("bench").expect("domain");
+    let mut group = c.benchmark_group("match");
+    group.bench_function("key_only_default", |b| {
+        b.iter(|| domain.find([("user_id", black_box("k1234"))]))
+    });
+    group.bench_function("exact", |b| {
+        b.iter(|| domain.find([("path", black_box("/health"))]))
+    });
+    group.bench_function("wildcard_two_stars", |b| {
+        b.iter(|| domain.find([("path", black_box("/api/v2/orders/991"))]))
+    });
+    group.bench_function("nested_two_entries", |b| {
+        b.iter(|| domain.find([("tenant", black_box("acme")), ("user_id", black_box("u7"))]))
+    });
+    group.bench_function("no_match", |b| {
+        b.iter(|| domain.find([("nothing", black_box("x"))]))
+    });
+    group.finish();
+}
+
+fn counting(c: &mut Criterion) {
+    let limit = Limit::per(1_000_000, Unit::Second);
+    c.bench_function("counter_key", |b| {
+        b.iter(|| {
+            CounterKey::new(
+                "bench",
+                "bench.user_id",
+                0,
+                &limit,
+                [("user_id", black_box("k1234"))],
+            )
+        })
+    });
+    let memory = MemoryBackend::new(Arc::new(SystemClock));
+    let keys: Vec<CounterKey> = (0..10_000)
+        .map(|i| {
+            CounterKey::new(
+                "bench",
+                "bench.user_id",
+                0,
+                &limit,
+                [("user_id", format!("k{i}").as_str())],
+            )
+        })
+        .collect();
+    let mut i = 0;
+    c.bench_function("memory_hit_10k_keys", |b| {
+        b.iter(|| {
+            i = (i + 1) % keys.len();
+            memory.hit(&keys[i], &limit, Hits::take(1))
+        })
+    });
+}
+
+fn deciding(c: &mut Criterion) {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .expect("runtime");
+    let limiter = RateLimiter::new(
+        rules(),
+        Backend::Memory(Arc::new(MemoryBackend::new(Arc::new(SystemClock)))),
+        ServiceOptions::default(),
+    );
+    let requests: Vec<RateLimitRequest> = (0..10_000)
+        .map(|i| RateLimitRequest {
+            domain: "bench".into(),
+            descriptors: vec![RateLimitDescriptor {
+                entries: vec![Entry {
+                    key: "user_id".into(),
+                    value: format!("k{i}"),
+                }],
+                ..Default::default()
+            }],
+            hits_addend: 0,
+        })
+        .collect();
+    let mut i = 0;
+    c.bench_function("should_rate_limit_in_process", |b| {
+        b.iter(|| {
+            i = (i + 1) % requests.len();
+            runtime.block_on(limiter.should_rate_limit(&requests[i]))
+        })
+    });
+}
+
+criterion_group!(benches, matching, counting, deciding);
+criterion_main!(benches);
