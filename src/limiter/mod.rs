@@ -173,7 +173,22 @@ impl Limit {
     pub fn capacity(&self) -> u64 {
         u64::from(self.burst.unwrap_or(self.requests_per_unit))
     }
+
+    /// How far ahead of now a counter's state can reach: the window, or for token_bucket /
+    /// gcra the time an empty bucket takes to fill. Rules keep it within [`MAX_SPAN_MICROS`].
+    pub fn span_micros(&self) -> u64 {
+        match self.algorithm {
+            Algorithm::TokenBucket | Algorithm::Gcra => self
+                .window_micros()
+                .max(self.capacity().saturating_mul(self.token_interval_micros())),
+            _ => self.window_micros(),
+        }
+    }
 }
+
+/// The longest [`Limit::span_micros`] a rule may have: 100 years. It keeps every timestamp
+/// the algorithms compute below 2^53 µs, where the Lua twins' doubles are still exact.
+pub const MAX_SPAN_MICROS: u64 = 100 * 365 * 86_400 * SECOND_MICROS;
 
 /// What one hit costs a counter.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

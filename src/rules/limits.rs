@@ -6,7 +6,7 @@ use saphyr::MarkedYaml;
 use super::reader::{Fields, Reader};
 use super::yaml;
 use super::{NamedLimit, Policy};
-use crate::limiter::{Algorithm, Limit, Timezone, Unit};
+use crate::limiter::{Algorithm, Limit, MAX_SPAN_MICROS, Timezone, Unit};
 
 /// The keys that shape counting; none of them goes with `unlimited: true`.
 const COUNTING_KEYS: [&str; 6] = [
@@ -299,14 +299,23 @@ fn read_limit(
             })
             .ok()
     });
-    Some(Limit {
+    let limit = Limit {
         requests_per_unit: requests_per_unit?,
         unit: unit?,
         unit_multiplier: unit_multiplier?,
         algorithm: algorithm?,
         burst: optional(burst)?,
         timezone: optional(timezone)?,
-    })
+    };
+    if limit.span_micros() > MAX_SPAN_MICROS {
+        let message = format!(
+            "{label}: the window (or, for a bucket, the time to refill `burst` tokens) is longer \
+             than 100 years"
+        );
+        reader.error(fields.line, rule, message);
+        return None;
+    }
+    Some(limit)
 }
 
 /// An optional field as read: `Some(None)` when not written, `None` when written but invalid.

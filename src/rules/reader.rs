@@ -130,6 +130,9 @@ impl<'d, 'input> Reader<'d, 'input> {
         if let Some(Scalar::Boolean(value)) = yaml::scalar(node) {
             return Some(value);
         }
+        if let Some(value) = yaml::yaml11_boolean(node) {
+            return Some(value);
+        }
         let message = format!(
             "{field}: expected true or false, got {}",
             yaml::describe(node)

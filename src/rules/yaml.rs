@@ -12,7 +12,7 @@ use std::borrow::Cow;
 use std::collections::HashMap;
 
 use saphyr::{AnnotatedMapping, MarkedYaml, Scalar, ScalarOwned, YamlData, YamlLoader};
-use saphyr_parser::{Event, Parser, Span, SpannedEventReceiver};
+use saphyr_parser::{Event, Parser, ScalarStyle, Span, SpannedEventReceiver};
 
 /// One parsed rule file.
 pub(super) struct Document<'input> {
@@ -210,6 +210,20 @@ pub(super) fn scalar<'a>(node: &'a MarkedYaml<'_>) -> Option<Scalar<'a>> {
             let tag = tag.as_ref().map(|t| Cow::Borrowed(t.as_ref()));
             Scalar::parse_from_cow_and_metadata(Cow::Borrowed(text), *style, tag.as_ref())
         }
+        _ => None,
+    }
+}
+
+/// A plain scalar spelled as a YAML 1.1 boolean (`yes`, `On`, `n`, …). envoyproxy/ratelimit
+/// reads rule files with a YAML 1.1 parser that takes these as booleans, so they are accepted
+/// where a boolean is expected and its files load unchanged. Quoted, they stay strings.
+pub(super) fn yaml11_boolean(node: &MarkedYaml<'_>) -> Option<bool> {
+    match &untagged(node).data {
+        YamlData::Representation(text, ScalarStyle::Plain, None) => match text.as_ref() {
+            "y" | "Y" | "yes" | "Yes" | "YES" | "on" | "On" | "ON" => Some(true),
+            "n" | "N" | "no" | "No" | "NO" | "off" | "Off" | "OFF" => Some(false),
+            _ => None,
+        },
         _ => None,
     }
 }

@@ -537,13 +537,27 @@ fn wrong_boolean_is_a_type_error() {
         domain: d
         descriptors:
           - key: k
-            shadow_mode: yes
+            shadow_mode: 'yes'
             rate_limit: {unit: second, requests_per_unit: 1}
         ",
         4,
         "domain d > k",
         "shadow_mode: expected true or false, got the string `yes`",
     );
+}
+
+#[test]
+fn yaml_1_1_booleans_are_read_as_envoyproxy_ratelimit_reads_them() {
+    let rules = RuleSet::from_sources(&[(
+        "a.yaml".into(),
+        "domain: d\ndescriptors:\n  - key: k\n    shadow_mode: yes\n    quota_mode: Off\n    \
+         rate_limit: {unit: second, requests_per_unit: 1}\n"
+            .into(),
+    )])
+    .unwrap();
+    let rule = rules.rules().next().unwrap();
+    assert!(rule.shadow_mode);
+    assert!(!rule.quota_mode);
 }
 
 #[test]
@@ -1148,4 +1162,34 @@ fn dump_is_stable_across_loads() {
         .dump();
     assert_eq!(one, two);
     assert!(one.starts_with("y.k: "), "{one}");
+}
+
+#[test]
+fn window_longer_than_a_century_is_an_error() {
+    assert_error(
+        "
+        domain: d
+        descriptors:
+          - key: k
+            rate_limit: {unit: year, unit_multiplier: 101, requests_per_unit: 1}
+        ",
+        4,
+        "domain d > k",
+        "longer than 100 years",
+    );
+}
+
+#[test]
+fn bucket_that_takes_a_century_to_refill_is_an_error() {
+    assert_error(
+        "
+        domain: d
+        descriptors:
+          - key: k
+            rate_limit: {unit: year, requests_per_unit: 1, algorithm: gcra, burst: 101}
+        ",
+        4,
+        "domain d > k",
+        "longer than 100 years",
+    );
 }
