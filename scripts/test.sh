@@ -22,5 +22,3 @@ if cargo nextest --version >/dev/null 2>&1; then
 else
     cargo test --locked --no-fail-fast
 fi
-# nextest does not run doctests.
-cargo test --locked --doc

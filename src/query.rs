@@ -61,7 +61,7 @@ pub async fn run(args: QueryArgs) -> anyhow::Result<ExitCode> {
 }
 
 /// Parses `key=value,key=value`; the value is everything after the first `=`.
-pub fn parse_descriptor(text: &str) -> anyhow::Result<RateLimitDescriptor> {
+fn parse_descriptor(text: &str) -> anyhow::Result<RateLimitDescriptor> {
     let entries = text
         .split(',')
         .map(|pair| match pair.split_once('=') {
@@ -83,7 +83,7 @@ fn code_name(code: i32) -> &'static str {
 }
 
 /// The decision as text: the overall code, then one line per descriptor.
-pub fn render(request: &RateLimitRequest, response: &RateLimitResponse) -> String {
+fn render(request: &RateLimitRequest, response: &RateLimitResponse) -> String {
     let mut out = format!("{}\n", code_name(response.overall_code));
     for (descriptor, status) in request.descriptors.iter().zip(&response.statuses) {
         let entries: Vec<String> = descriptor
@@ -128,4 +128,26 @@ fn describe(status: &DescriptorStatus) -> String {
         "{code}, limit {} per {window}{name}, remaining {}, reset in {reset:.3}s",
         limit.requests_per_unit, status.limit_remaining
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_descriptor;
+
+    #[test]
+    fn descriptor_value_keeps_everything_after_the_first_equals_sign() {
+        let descriptor = parse_descriptor("path=/a?b=c,user=u").unwrap();
+        let pairs: Vec<(&str, &str)> = descriptor
+            .entries
+            .iter()
+            .map(|e| (e.key.as_str(), e.value.as_str()))
+            .collect();
+        assert_eq!(pairs, [("path", "/a?b=c"), ("user", "u")]);
+    }
+
+    #[test]
+    fn descriptor_entry_without_key_is_an_error() {
+        assert!(parse_descriptor("=v").is_err());
+        assert!(parse_descriptor("novalue").is_err());
+    }
 }

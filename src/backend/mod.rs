@@ -43,11 +43,4 @@ impl Backend {
                 .collect()),
         }
     }
-
-    /// A short name for logs and health output.
-    pub fn name(&self) -> &'static str {
-        match self {
-            Backend::Memory(_) => "memory",
-        }
-    }
 }

@@ -116,19 +116,6 @@ impl RateLimiter {
         self.rules.load_full()
     }
 
-    /// Puts a new rule set in force for every request that starts after this call.
-    pub fn replace_rules(&self, rules: RuleSet) {
-        self.rules.store(Arc::new(rules));
-    }
-
-    pub fn backend(&self) -> &Backend {
-        &self.backend
-    }
-
-    pub fn options(&self) -> &ServiceOptions {
-        &self.options
-    }
-
     /// Decides one request.
     pub async fn should_rate_limit(
         &self,
