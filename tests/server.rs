@@ -167,6 +167,50 @@ async fn sigterm_turns_health_not_serving_before_exit() {
     assert!(status.success(), "{status:?}\n{stderr}");
 }
 
+#[tokio::test]
+async fn settings_come_from_floodgate_environment_variables() {
+    let server = Floodgate::start_with_env(
+        &[("r.yaml", RULES)],
+        &[],
+        &[
+            ("FLOODGATE_RESPONSE_HEADERS", "ietf"),
+            ("FLOODGATE_SHADOW_MODE", "true"),
+        ],
+    );
+    let req = request("api", vec![descriptor(&[("user", "env")])]);
+    let mut client = RateLimitServiceClient::new(channel(&server).await);
+    client.should_rate_limit(req.clone()).await.unwrap();
+    let over = client.should_rate_limit(req).await.unwrap().into_inner();
+    assert_eq!(over.statuses[0].code, 2, "the descriptor is over its limit");
+    assert_eq!(
+        over.overall_code, 1,
+        "global shadow mode answers OK overall"
+    );
+    assert!(
+        over.response_headers_to_add
+            .iter()
+            .any(|h| h.key == "ratelimit-policy")
+    );
+}
+
+#[test]
+fn json_log_format_writes_one_json_object_per_line() {
+    let server = Floodgate::start_with_env(
+        &[("r.yaml", RULES)],
+        &["--log-format", "json"],
+        &[("RUST_LOG", "info")],
+    );
+    let (status, stderr) = server.terminate();
+    assert!(status.success());
+    let lines: Vec<&str> = stderr.lines().filter(|l| !l.is_empty()).collect();
+    assert!(!lines.is_empty(), "no log lines");
+    for line in lines {
+        let entry: serde_json::Value =
+            serde_json::from_str(line).unwrap_or_else(|e| panic!("{e}: {line}"));
+        assert!(entry["level"].is_string(), "{line}");
+    }
+}
+
 #[test]
 fn query_command_prints_the_decision_and_exits_2_over_limit() {
     let server = Floodgate::start(&[("r.yaml", RULES)], &[]);

@@ -27,6 +27,15 @@ pub struct Floodgate {
 impl Floodgate {
     /// Starts a server on `rules` (file name, YAML) with extra `serve` flags.
     pub fn start(rules: &[(&str, &str)], flags: &[&str]) -> Floodgate {
+        Self::start_with_env(rules, flags, &[])
+    }
+
+    /// [`Floodgate::start`] with extra environment variables.
+    pub fn start_with_env(
+        rules: &[(&str, &str)],
+        flags: &[&str],
+        env: &[(&str, &str)],
+    ) -> Floodgate {
         let rules_dir = write_rules(rules);
         let log = std::fs::File::create(rules_dir.path().join(".stderr")).expect("log file");
         let mut child = command()
@@ -40,6 +49,7 @@ impl Floodgate {
             ])
             .arg(rules_dir.path())
             .args(flags)
+            .envs(env.iter().copied())
             .stdout(Stdio::piped())
             .stderr(log)
             .spawn()
