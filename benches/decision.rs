@@ -99,9 +99,11 @@ fn deciding(c: &mut Criterion) {
     let runtime = tokio::runtime::Builder::new_current_thread()
         .build()
         .expect("runtime");
+    let memory = Arc::new(MemoryBackend::new(Arc::new(SystemClock)));
     let limiter = RateLimiter::new(
         rules(),
-        Backend::Memory(Arc::new(MemoryBackend::new(Arc::new(SystemClock)))),
+        Backend::Memory(memory.clone()),
+        memory,
         ServiceOptions::default(),
     );
     let requests: Vec<RateLimitRequest> = (0..10_000)

@@ -12,6 +12,20 @@ if ! need cargo; then
     exit 1
 fi
 
+# Real Redis for the redis backend and Lua tests (Debian's packages).
+if ! need redis-server || ! need redis-cli; then
+    if [ "$(id -u)" = 0 ] && need apt-get; then
+        echo "== installing redis-server and redis-tools"
+        apt-get update -qq
+        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server redis-tools >/dev/null
+        # The package may start a system-wide server; the tests start their own.
+        service redis-server stop >/dev/null 2>&1 || true
+    else
+        echo "redis-server and redis-cli are required: apt-get install redis-server redis-tools" >&2
+        exit 1
+    fi
+fi
+
 echo "== format and lints"
 cargo fmt --all -- --check
 cargo clippy --all-targets --locked -- -D warnings

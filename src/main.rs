@@ -9,7 +9,7 @@ use std::time::Duration;
 use anyhow::Context;
 use clap::{Args, Parser, Subcommand};
 
-use floodgate::backend::{Backend, MemoryBackend};
+use floodgate::backend::{Backend, MemoryBackend, RedisBackend, RedisOptions};
 use floodgate::clock::SystemClock;
 use floodgate::rules::RuleSet;
 use floodgate::service::{RateLimiter, ServiceOptions};
@@ -65,6 +65,9 @@ struct ServeArgs {
     /// Where counters live [default: memory].
     #[arg(long, value_enum)]
     backend: Option<BackendKind>,
+    /// Redis URL for the redis backend [default: redis://127.0.0.1:6379].
+    #[arg(long)]
+    redis_url: Option<String>,
     /// Global shadow mode: never answer OVER_LIMIT overall.
     #[arg(long, num_args = 0..=1, default_missing_value = "true")]
     shadow_mode: Option<bool>,
@@ -94,7 +97,8 @@ impl ServeArgs {
         );
         overrides.set("grpc_addr", self.grpc_addr.clone());
         overrides.set("http_addr", self.http_addr.clone());
-        overrides.set("backend", self.backend.map(|_| "memory"));
+        overrides.set("backend", self.backend.map(BackendKind::name));
+        overrides.set("redis_url", self.redis_url.clone());
         overrides.set("shadow_mode", self.shadow_mode);
         overrides.set("quota_mode", self.quota_mode);
         overrides.set(
@@ -181,17 +185,35 @@ fn check_config(dir: &std::path::Path) -> ExitCode {
 async fn serve(settings: Settings) -> anyhow::Result<()> {
     let rules = RuleSet::load_dir(&settings.rules)
         .with_context(|| format!("loading rules from {}", settings.rules.display()))?;
+    let clock = Arc::new(SystemClock);
+    let memory = Arc::new(MemoryBackend::new(clock.clone()));
+    memory.spawn_sweeper(Duration::from_secs(10));
     let backend = match settings.backend {
-        BackendKind::Memory => {
-            let memory = Arc::new(MemoryBackend::new(Arc::new(SystemClock)));
-            memory.spawn_sweeper(Duration::from_secs(10));
-            Backend::Memory(memory)
+        BackendKind::Memory => Backend::Memory(memory.clone()),
+        BackendKind::Redis => {
+            let redis = RedisBackend::new(
+                RedisOptions {
+                    url: settings.redis_url.clone(),
+                    pool_size: settings.redis_pool_size,
+                    connect_timeout: Duration::from_millis(settings.redis_connect_timeout_ms),
+                    command_timeout: Duration::from_millis(settings.redis_command_timeout_ms),
+                    key_prefix: settings.redis_key_prefix.clone(),
+                },
+                clock,
+            )?;
+            // A Redis that is down now is every rule's failure policy later, not a reason
+            // to refuse to start.
+            if let Err(error) = redis.load_scripts().await {
+                tracing::warn!(%error, "could not load the scripts into redis yet");
+            }
+            Backend::Redis(Arc::new(redis))
         }
     };
     let mut signals = ShutdownSignals::register()?;
     let limiter = Arc::new(RateLimiter::new(
         rules,
         backend,
+        memory,
         ServiceOptions::from_settings(&settings),
     ));
     let rule_count = limiter.rules().rules().count();

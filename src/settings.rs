@@ -28,12 +28,15 @@ pub enum BackendKind {
     /// In process memory: exact for one replica, forgotten on restart.
     #[default]
     Memory,
+    /// One Redis server, shared by every replica.
+    Redis,
 }
 
 impl BackendKind {
     pub const fn name(self) -> &'static str {
         match self {
             BackendKind::Memory => "memory",
+            BackendKind::Redis => "redis",
         }
     }
 }
@@ -77,6 +80,17 @@ pub struct Settings {
     /// Directory of rule files.
     pub rules: PathBuf,
     pub backend: BackendKind,
+    /// `redis://[user:password@]host:port[/db]` for the redis backend.
+    pub redis_url: String,
+    /// Pooled connections to Redis.
+    pub redis_pool_size: usize,
+    /// Milliseconds to open a connection to Redis.
+    pub redis_connect_timeout_ms: u64,
+    /// Milliseconds one request may spend with Redis in all (below Envoy's 20 ms default
+    /// filter timeout, so a slow Redis gets the rule's failure policy, not Envoy's).
+    pub redis_command_timeout_ms: u64,
+    /// Put before every Redis key, so several deployments can share one Redis.
+    pub redis_key_prefix: String,
     /// Global shadow mode: the overall code is never OVER_LIMIT.
     pub shadow_mode: bool,
     /// Global quota mode: every rule behaves as `quota_mode: true`.
@@ -123,6 +137,11 @@ impl Default for Settings {
             http_addr: SocketAddr::from(([127, 0, 0, 1], 8080)),
             rules: PathBuf::from("examples/rules"),
             backend: BackendKind::Memory,
+            redis_url: "redis://127.0.0.1:6379".into(),
+            redis_pool_size: 32,
+            redis_connect_timeout_ms: 250,
+            redis_command_timeout_ms: 15,
+            redis_key_prefix: "floodgate:".into(),
             shadow_mode: false,
             quota_mode: false,
             response_headers: HeaderStyle::None,

@@ -26,7 +26,8 @@ impl State {
 /// allow_at = new_tat - B * T        allowed iff allow_at <= now, then tat = new_tat
 /// ```
 ///
-/// A give-back moves the TAT back by `cost * T`, never before now.
+/// A give-back moves the TAT back by `cost * T`, never before now, and leaves a full
+/// allowance as it is.
 pub(super) fn hit(state: &mut State, limit: &Limit, now: u64, hits: Hits) -> Decision {
     let capacity = limit.capacity();
     let interval = limit.token_interval_micros();
@@ -35,7 +36,11 @@ pub(super) fn hit(state: &mut State, limit: &Limit, now: u64, hits: Hits) -> Dec
     let allowed = if hits.amount == 0 {
         true
     } else if hits.negative {
-        state.tat = state.tat.saturating_sub(cost_span).max(now);
+        // A full allowance stays as it was: raising an old TAT to now would take quota back
+        // from the hits of a clock that then steps back.
+        if state.tat > now {
+            state.tat = state.tat.saturating_sub(cost_span).max(now);
+        }
         true
     } else {
         let new_tat = state.tat.max(now).saturating_add(cost_span);
@@ -100,6 +105,15 @@ mod tests {
         hit(&mut state, &gcra(10), 1_000, Hits::take(3));
         hit(&mut state, &gcra(10), 2_000, Hits::give_back(100));
         assert_eq!(state.expires_at(), 2_000);
+    }
+
+    #[test]
+    fn a_give_back_on_a_full_allowance_changes_nothing() {
+        let mut state = State::default();
+        hit(&mut state, &gcra(10), 5_000, Hits::give_back(1));
+        assert_eq!(state, State::default());
+        // Had the TAT moved up to 5_000, a clock stepping back would find quota missing.
+        assert!(hit(&mut state, &gcra(10), 4_000, Hits::take(10)).allowed);
     }
 
     #[test]

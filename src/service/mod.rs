@@ -16,8 +16,8 @@ use std::sync::Arc;
 
 use arc_swap::ArcSwap;
 
-use crate::backend::{Backend, BackendError, CounterHit};
-use crate::limiter::{CounterKey, Limit};
+use crate::backend::{Backend, BackendError, CounterHit, MemoryBackend};
+use crate::limiter::{CounterKey, Decision, Limit, SECOND_MICROS};
 use crate::proto::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
 use crate::proto::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
 use crate::rules::{Domain, OnBackendError, Policy, Rule, RuleSet};
@@ -74,6 +74,8 @@ pub enum DecideError {
 pub struct RateLimiter {
     rules: ArcSwap<RuleSet>,
     backend: Backend,
+    /// Decides the hits of `on_backend_error: local` rules while the backend fails.
+    local: Arc<MemoryBackend>,
     options: ServiceOptions,
 }
 
@@ -103,10 +105,18 @@ impl<'r> Resolution<'r> {
 }
 
 impl RateLimiter {
-    pub fn new(rules: RuleSet, backend: Backend, options: ServiceOptions) -> Self {
+    /// `local` is the in-process limiter for `on_backend_error: local`; with the memory
+    /// backend it is never used.
+    pub fn new(
+        rules: RuleSet,
+        backend: Backend,
+        local: Arc<MemoryBackend>,
+        options: ServiceOptions,
+    ) -> Self {
         RateLimiter {
             rules: ArcSwap::from_pointee(rules),
             backend,
+            local,
             options,
         }
     }
@@ -133,6 +143,8 @@ impl RateLimiter {
         };
 
         let mut hits = Vec::new();
+        // The failure policy of each hit, in the same order.
+        let mut policies = Vec::new();
         for (descriptor, resolution) in request.descriptors.iter().zip(&resolutions) {
             if let Resolution::Counted {
                 rule,
@@ -140,6 +152,10 @@ impl RateLimiter {
                 entries,
             } = resolution
             {
+                let policy = rule
+                    .and_then(|rule| rule.on_backend_error)
+                    .unwrap_or(self.options.on_backend_error);
+                policies.extend(std::iter::repeat_n(policy, limits.len()));
                 let rule_id = rule.map_or(OVERRIDE_RULE_ID, |rule| rule.id.as_str());
                 let cost = request::hits(request, descriptor);
                 for (index, (_, limit)) in limits.iter().enumerate() {
@@ -157,7 +173,15 @@ impl RateLimiter {
                 }
             }
         }
-        let decisions = self.backend.hit_all(&hits).await?;
+        let results = self.backend.hit_all(&hits).await;
+        let decisions = hits
+            .iter()
+            .zip(policies)
+            .zip(results)
+            .map(|((hit, policy), result)| {
+                result.or_else(|error| self.fallback(hit, policy, error))
+            })
+            .collect::<Result<Vec<_>, _>>()?;
         Ok(response::build(
             request,
             &resolutions,
@@ -166,6 +190,36 @@ impl RateLimiter {
         ))
     }
 }
+
+impl RateLimiter {
+    /// The decision for a hit the backend failed, by the rule's `on_backend_error`.
+    fn fallback(
+        &self,
+        hit: &CounterHit<'_>,
+        policy: OnBackendError,
+        error: BackendError,
+    ) -> Result<Decision, BackendError> {
+        match policy {
+            OnBackendError::Error => Err(error),
+            // Nothing is known about the quota: remaining 0 says so.
+            OnBackendError::FailOpen => Ok(Decision {
+                allowed: true,
+                remaining: 0,
+                reset_micros: 0,
+            }),
+            OnBackendError::FailClosed => Ok(Decision {
+                allowed: false,
+                remaining: 0,
+                reset_micros: FAIL_CLOSED_RETRY_MICROS,
+            }),
+            OnBackendError::Local => Ok(self.local.hit(&hit.key, &hit.limit, hit.hits)),
+        }
+    }
+}
+
+/// What a fail_closed rejection tells the caller to wait: long enough not to hammer a
+/// struggling backend, short enough to notice its recovery.
+const FAIL_CLOSED_RETRY_MICROS: u64 = SECOND_MICROS;
 
 /// Resolves every descriptor, then turns the ones a matched rule `replaces` into passes.
 fn resolve_all<'r>(

@@ -1,0 +1,130 @@
+-- sliding_window: two fixed-window counts, the previous one weighted by how much of it the
+-- sliding window still covers. The Lua twin of src/limiter/sliding_window.rs.
+--
+-- The weight is the one fraction in the algorithms. Lua 5.1 numbers are doubles, so it is
+-- computed exactly as the Rust twin computes it in f64, in the same order:
+--
+--   share    = floor(prev * ((W - elapsed) / W))
+--   weighted = cur + share
+--
+-- State: the hash KEYS[1] = {window_start, prev, cur}, expiring two windows after
+-- window_start. Arguments and reply: lua/README.md.
+
+local key = KEYS[1]
+
+local function number(index)
+  local value = tonumber(ARGV[index])
+  if value == nil then
+    error('ARGV[' .. index .. '] must be an integer, got ' .. tostring(ARGV[index]))
+  end
+  return value
+end
+
+-- Integers as decimal digits: tostring() would keep only 14 significant digits.
+local function int(value)
+  return string.format('%.0f', value)
+end
+
+-- The caller's instant (tests), or Redis' own clock, the same for every replica.
+local function clock()
+  if ARGV[7] ~= '' then
+    return number(7)
+  end
+  local time = redis.call('TIME')
+  return tonumber(time[1]) * 1000000 + tonumber(time[2])
+end
+
+local quota = number(1)
+local window_micros = number(2)
+local amount = number(3)
+local negative = ARGV[4] == '1'
+local now = clock()
+
+-- Writes the state with a TTL ending at expires_at (rounded up to the millisecond). PEXPIRE
+-- with the time left equals PEXPIREAT expires_at on Redis' clock, and Redis propagates it to
+-- replicas as PEXPIREAT. A state that has expired already is the same as none.
+local function store(expires_at, ...)
+  if expires_at <= now then
+    redis.call('DEL', key)
+    return
+  end
+  redis.call('HSET', key, ...)
+  redis.call('PEXPIRE', key, int(math.ceil((expires_at - now) / 1000)))
+end
+
+-- The part of a window count of `count` that still weighs `elapsed` µs into the next window.
+-- Non-increasing in `elapsed`, `count` at 0 and 0 at `w`.
+local function share(count, elapsed, w)
+  return math.floor(count * ((w - elapsed) / w))
+end
+
+-- The smallest x in (from, w] with share(count, x) < share(count, from), for a count whose
+-- share at `from` is positive. The real-number solution is only a first guess, corrected by
+-- stepping until it matches the rounded share exactly, so both twins find the same instant.
+local function first_drop(count, from, w)
+  local target = share(count, from, w)
+  local guess = w - target * w / count
+  local x = math.max(from + 1, math.min(w, math.floor(guess) + 1))
+  while x > from + 1 and share(count, x - 1, w) < target do
+    x = x - 1
+  end
+  while x < w and share(count, x, w) >= target do
+    x = x + 1
+  end
+  return x
+end
+
+-- Microseconds until the weighted count drops by at least one, 0 if it never will. Within
+-- this window only the previous window's share shrinks; once it is 0, the next drop is the
+-- current count starting to shrink in the next window.
+local function until_next_drop(prev, cur, elapsed, w)
+  if share(prev, elapsed, w) > 0 then
+    return first_drop(prev, elapsed, w) - elapsed
+  elseif cur > 0 then
+    return (w - elapsed) + first_drop(cur, 0, w)
+  end
+  return 0
+end
+
+-- counter.rs: a limit that admits nothing answers without touching the state.
+if quota == 0 then
+  return { (amount == 0 or negative) and 1 or 0, 0, window_micros }
+end
+
+-- Allowed iff weighted + cost <= limit, then the cost is added to the current window. A
+-- give-back takes from the current window first, then the previous.
+local function hit()
+  local w = window_micros
+  local window_start = now - now % w
+  local elapsed = now - window_start
+  local state = redis.call('HMGET', key, 'window_start', 'prev', 'cur')
+  local stored_start = tonumber(state[1])
+  local prev, cur = 0, 0
+  if stored_start == window_start then
+    prev, cur = tonumber(state[2]) or 0, tonumber(state[3]) or 0
+  elseif stored_start ~= nil and stored_start + w == window_start then
+    prev, cur = tonumber(state[3]) or 0, 0
+  end
+  local weighted = cur + share(prev, elapsed, w)
+  local allowed, next_prev, next_cur
+  if negative then
+    local from_cur = math.min(cur, amount)
+    allowed, next_prev, next_cur = true, math.max(0, prev - (amount - from_cur)), cur - from_cur
+  elseif amount == 0 or weighted + amount <= quota then
+    allowed, next_prev, next_cur = true, prev, cur + amount
+  else
+    allowed, next_prev, next_cur = false, prev, cur
+  end
+  if next_prev ~= prev or next_cur ~= cur then
+    store(window_start + 2 * w, 'window_start', int(window_start), 'prev', int(next_prev),
+      'cur', int(next_cur))
+  end
+  weighted = next_cur + share(next_prev, elapsed, w)
+  return {
+    allowed and 1 or 0,
+    math.max(0, quota - weighted),
+    until_next_drop(next_prev, next_cur, elapsed, w),
+  }
+end
+
+return hit()

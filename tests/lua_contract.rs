@@ -1,0 +1,330 @@
+//! What `lua/README.md` promises beyond the decisions, checked on a real `redis-server`: every
+//! key dies just after its state's useful life, hits that change nothing write nothing, the
+//! scripts read Redis' clock and pick the calendar window of Redis' now, and a flushed script
+//! cache answers NOSCRIPT.
+
+mod lua_support;
+mod redis_harness;
+
+use deadpool_redis::redis;
+use floodgate::backend::redis::script::{ScriptClock, Scripts, add_call, sequence_key};
+use floodgate::limiter::{
+    Algorithm, Counter, CounterKey, Decision, Hits, Limit, SECOND_MICROS, Timezone, Unit,
+};
+use redis::aio::MultiplexedConnection;
+use redis_harness::RedisServer;
+
+/// 2023-11-15T00:00:00+01:00: local midnight in Paris.
+const PARIS_NOV_15: u64 = 1_700_002_800 * SECOND_MICROS;
+const DAY: u64 = 86_400 * SECOND_MICROS;
+/// Real time that may pass between a write and the PTTL that reads it, in milliseconds.
+const SLACK_MS: i64 = 2_000;
+
+/// A limit of 5 per second with a burst of 8 (used by token_bucket and gcra only).
+fn limit(algorithm: Algorithm) -> Limit {
+    Limit {
+        algorithm,
+        burst: Some(8),
+        ..Limit::per(5, Unit::Second)
+    }
+}
+
+fn counter_key(test: &str, limit: &Limit) -> CounterKey {
+    CounterKey::new("lua-contract", test, 0, limit, [])
+}
+
+/// Every key a script may write for the counter `key`.
+fn keys_of(key: &CounterKey, algorithm: Algorithm) -> Vec<String> {
+    let mut keys = vec![key.as_str().to_owned()];
+    if algorithm == Algorithm::SlidingLog {
+        keys.push(sequence_key(key.as_str()));
+    }
+    keys
+}
+
+async fn start() -> (RedisServer, MultiplexedConnection, Scripts) {
+    let server = RedisServer::start();
+    let mut connection = server.connection().await;
+    let scripts = Scripts::new();
+    lua_support::load(&mut connection, &scripts).await;
+    (server, connection, scripts)
+}
+
+async fn pttl(connection: &mut MultiplexedConnection, key: &str) -> i64 {
+    redis::cmd("PTTL")
+        .arg(key)
+        .query_async(connection)
+        .await
+        .expect("PTTL")
+}
+
+/// How many writes the server has applied: INFO's `rdb_changes_since_last_save`, which
+/// never resets with `--save ""`.
+async fn writes(connection: &mut MultiplexedConnection) -> u64 {
+    let info: String = redis::cmd("INFO")
+        .arg("persistence")
+        .query_async(connection)
+        .await
+        .expect("INFO persistence");
+    info.lines()
+        .find_map(|line| line.strip_prefix("rdb_changes_since_last_save:"))
+        .and_then(|count| count.trim().parse().ok())
+        .expect("INFO persistence reports rdb_changes_since_last_save")
+}
+
+#[tokio::test]
+async fn every_written_key_expires_just_after_its_state_stops_mattering() {
+    let (_server, mut connection, scripts) = start().await;
+    let now = 1_700_006_400 * SECOND_MICROS + 123_456;
+    let history = [
+        Hits::take(1),
+        Hits::take(2),
+        Hits::give_back(1),
+        Hits::take(0),
+        Hits::give_back(100),
+        Hits::take(3),
+    ];
+    for algorithm in Algorithm::ALL {
+        let limit = limit(algorithm);
+        let key = counter_key("ttl", &limit);
+        let mut counter = Counter::new();
+        for (step, hits) in history.into_iter().enumerate() {
+            counter.hit(&limit, now, hits);
+            lua_support::hit(&mut connection, &scripts, key.as_str(), &limit, hits, now)
+                .await
+                .expect("a decision");
+            // All hits are at one instant, so the TTL set by the last write is the state's
+            // useful life from now, rounded up to the millisecond.
+            let life_ms = counter.expires_at().saturating_sub(now).div_ceil(1_000);
+            for name in keys_of(&key, algorithm) {
+                let ttl = pttl(&mut connection, &name).await;
+                let at = format!("{} step {step} ({hits:?}): {name}", algorithm.name());
+                if life_ms == 0 {
+                    assert_eq!(ttl, -2, "{at}: no state, so no key");
+                } else {
+                    let life_ms = i64::try_from(life_ms).expect("a short life");
+                    assert!(
+                        ttl > 0 && ttl <= life_ms && ttl > life_ms - SLACK_MS,
+                        "{at}: PTTL {ttl} ms, state useful for {life_ms} ms"
+                    );
+                }
+            }
+        }
+    }
+}
+
+#[tokio::test]
+async fn a_check_on_a_new_counter_creates_no_key() {
+    let (_server, mut connection, scripts) = start().await;
+    for algorithm in Algorithm::ALL {
+        let limit = limit(algorithm);
+        let key = counter_key("check", &limit);
+        let decision = lua_support::hit(
+            &mut connection,
+            &scripts,
+            key.as_str(),
+            &limit,
+            Hits::take(0),
+            PARIS_NOV_15,
+        )
+        .await
+        .expect("a decision");
+        assert!(decision.allowed, "{}", algorithm.name());
+        for name in keys_of(&key, algorithm) {
+            assert_eq!(pttl(&mut connection, &name).await, -2, "{name} exists");
+        }
+    }
+}
+
+#[tokio::test]
+async fn a_hit_that_changes_nothing_writes_nothing() {
+    let (_server, mut connection, scripts) = start().await;
+    for algorithm in Algorithm::ALL {
+        let limit = limit(algorithm);
+        let key = counter_key("unchanged", &limit);
+        let now = PARIS_NOV_15;
+        let before = writes(&mut connection).await;
+        lua_support::hit(
+            &mut connection,
+            &scripts,
+            key.as_str(),
+            &limit,
+            Hits::take(2),
+            now,
+        )
+        .await
+        .expect("a decision");
+        let counted = writes(&mut connection).await;
+        assert!(
+            counted > before,
+            "{}: a counted hit writes",
+            algorithm.name()
+        );
+        for hits in [Hits::take(0), Hits::take(1_000), Hits::give_back(0)] {
+            lua_support::hit(
+                &mut connection,
+                &scripts,
+                key.as_str(),
+                &limit,
+                hits,
+                now + 1,
+            )
+            .await
+            .expect("a decision");
+            assert_eq!(
+                writes(&mut connection).await,
+                counted,
+                "{}: {hits:?} wrote",
+                algorithm.name()
+            );
+        }
+        let fresh = counter_key("unchanged-new", &limit);
+        lua_support::hit(
+            &mut connection,
+            &scripts,
+            fresh.as_str(),
+            &limit,
+            Hits::take(1_000),
+            now,
+        )
+        .await
+        .expect("a decision");
+        assert_eq!(
+            writes(&mut connection).await,
+            counted,
+            "{}: a rejection on a new counter wrote",
+            algorithm.name()
+        );
+    }
+}
+
+#[tokio::test]
+async fn a_sliding_log_keeps_one_member_per_unit_even_for_large_costs() {
+    let (_server, mut connection, scripts) = start().await;
+    let limit = Limit {
+        algorithm: Algorithm::SlidingLog,
+        ..Limit::per(1_200, Unit::Minute)
+    };
+    let key = counter_key("large-cost", &limit);
+    let now = PARIS_NOV_15;
+    let mut hit = async |hits| {
+        lua_support::hit(&mut connection, &scripts, key.as_str(), &limit, hits, now)
+            .await
+            .expect("a decision")
+    };
+    assert_eq!(hit(Hits::take(1_200)).await.remaining, 0);
+    assert_eq!(hit(Hits::give_back(700)).await.remaining, 700);
+    let members: u64 = redis::cmd("ZCARD")
+        .arg(key.as_str())
+        .query_async(&mut connection)
+        .await
+        .expect("ZCARD");
+    assert_eq!(members, 500);
+}
+
+#[tokio::test]
+async fn scripts_read_redis_time_when_no_instant_is_given() {
+    let (_server, mut connection, scripts) = start().await;
+    for algorithm in Algorithm::ALL {
+        let limit = limit(algorithm);
+        let key = counter_key("redis-time", &limit);
+        let local_now = 0; // Only calendar windows read it.
+        let decision = lua_support::call(
+            &mut connection,
+            &scripts,
+            key.as_str(),
+            &limit,
+            Hits::take(1),
+            ScriptClock::Redis,
+            local_now,
+        )
+        .await
+        .expect("a decision");
+        assert!(decision.allowed, "{}", algorithm.name());
+        assert!(
+            decision.reset_micros > 0 && decision.reset_micros <= 2 * SECOND_MICROS,
+            "{}: {decision:?}",
+            algorithm.name()
+        );
+        let ttl = pttl(&mut connection, key.as_str()).await;
+        assert!(ttl > 0 && ttl <= 2_000, "{}: PTTL {ttl}", algorithm.name());
+    }
+}
+
+#[tokio::test]
+async fn a_calendar_window_is_the_one_containing_redis_now_not_the_local_clock() {
+    let (_server, mut connection, scripts) = start().await;
+    let paris = Timezone::parse("Europe/Paris").expect("Europe/Paris is in every tz database");
+    let limit = Limit {
+        timezone: Some(paris),
+        ..Limit::per(1, Unit::Day)
+    };
+    let key = counter_key("calendar", &limit);
+    let second = SECOND_MICROS;
+    // (Redis' now, this process's now, expected decision).
+    let steps = [
+        // The local clock is already past midnight; Redis' is not: the day before counts.
+        (PARIS_NOV_15 - 1, PARIS_NOV_15 + second, (true, 0, 1)),
+        // Now Redis is past midnight and the local clock is not: a new day.
+        (
+            PARIS_NOV_15 + second,
+            PARIS_NOV_15 - second,
+            (true, 0, DAY - second),
+        ),
+        (
+            PARIS_NOV_15 + 2 * second,
+            PARIS_NOV_15 - second,
+            (false, 0, DAY - 2 * second),
+        ),
+    ];
+    for (step, (now, local_now, (allowed, remaining, reset_micros))) in
+        steps.into_iter().enumerate()
+    {
+        let decision = lua_support::call(
+            &mut connection,
+            &scripts,
+            key.as_str(),
+            &limit,
+            Hits::take(1),
+            ScriptClock::Fixed(now),
+            local_now,
+        )
+        .await;
+        let expected = Decision {
+            allowed,
+            remaining,
+            reset_micros,
+        };
+        assert_eq!(decision, Ok(expected), "step {step}");
+    }
+}
+
+#[tokio::test]
+async fn a_flushed_script_cache_answers_noscript() {
+    let (_server, mut connection, scripts) = start().await;
+    redis::cmd("SCRIPT")
+        .arg("FLUSH")
+        .exec_async(&mut connection)
+        .await
+        .expect("SCRIPT FLUSH");
+    let limit = limit(Algorithm::Gcra);
+    let mut pipe = redis::pipe();
+    add_call(
+        &mut pipe,
+        &scripts,
+        counter_key("noscript", &limit).as_str(),
+        &limit,
+        Hits::take(1),
+        ScriptClock::Fixed(PARIS_NOV_15),
+        PARIS_NOV_15,
+    );
+    let error = pipe
+        .query_async::<Vec<redis::Value>>(&mut connection)
+        .await
+        .expect_err("EVALSHA of a flushed script fails");
+    assert_eq!(
+        error.kind(),
+        redis::ErrorKind::Server(redis::ServerErrorKind::NoScript),
+        "{error}"
+    );
+}

@@ -1,0 +1,61 @@
+//! Drives the Lua scripts the way the Redis backend does (`add_call`, `decision`), one hit
+//! per round trip, at an instant the test chooses.
+
+#![allow(dead_code)]
+
+use deadpool_redis::redis;
+use floodgate::backend::redis::script::{ScriptClock, Scripts, add_call, decision};
+use floodgate::limiter::{Decision, Hits, Limit};
+
+/// SCRIPT LOADs every script, so EVALSHA finds them.
+pub async fn load(connection: &mut redis::aio::MultiplexedConnection, scripts: &Scripts) {
+    for script in scripts.all() {
+        script
+            .load_async(connection)
+            .await
+            .expect("SCRIPT LOAD succeeds");
+    }
+}
+
+/// One hit on the counter `key` at `now` (also the local clock for calendar windows).
+pub async fn hit(
+    connection: &mut redis::aio::MultiplexedConnection,
+    scripts: &Scripts,
+    key: &str,
+    limit: &Limit,
+    hits: Hits,
+    now: u64,
+) -> Result<Decision, String> {
+    call(
+        connection,
+        scripts,
+        key,
+        limit,
+        hits,
+        ScriptClock::Fixed(now),
+        now,
+    )
+    .await
+}
+
+/// One hit through `add_call` and `decision`, as the Redis backend makes it.
+pub async fn call(
+    connection: &mut redis::aio::MultiplexedConnection,
+    scripts: &Scripts,
+    key: &str,
+    limit: &Limit,
+    hits: Hits,
+    clock: ScriptClock,
+    local_now: u64,
+) -> Result<Decision, String> {
+    let mut pipe = redis::pipe();
+    add_call(&mut pipe, scripts, key, limit, hits, clock, local_now);
+    let replies: Vec<redis::Value> = pipe
+        .query_async(connection)
+        .await
+        .map_err(|e| format!("EVALSHA failed: {e}"))?;
+    match replies.as_slice() {
+        [reply] => decision(reply),
+        other => Err(format!("one call, {} replies", other.len())),
+    }
+}

@@ -1,0 +1,290 @@
+//! The redis backend end to end: real `floodgate` binaries sharing one real `redis-server`.
+
+mod harness;
+mod redis_harness;
+
+use std::time::{Duration, Instant};
+
+use floodgate::proto::envoy::service::ratelimit::v3::rate_limit_response::Code;
+use harness::{Floodgate, descriptor, request};
+use redis_harness::RedisServer;
+
+const OK: i32 = Code::Ok as i32;
+const OVER_LIMIT: i32 = Code::OverLimit as i32;
+
+/// One rule per algorithm, 50 per day: no refill or window roll-over during a test.
+const EVERY_ALGORITHM: &str = "
+domain: global
+descriptors:
+  - key: fixed_window
+    rate_limit: {unit: day, requests_per_unit: 50}
+  - key: sliding_window
+    rate_limit: {unit: day, requests_per_unit: 50, algorithm: sliding_window}
+  - key: sliding_log
+    rate_limit: {unit: day, requests_per_unit: 50, algorithm: sliding_log}
+  - key: token_bucket
+    rate_limit: {unit: day, requests_per_unit: 50, algorithm: token_bucket}
+  - key: gcra
+    rate_limit: {unit: day, requests_per_unit: 50, algorithm: gcra}
+";
+
+fn redis_flags(redis: &RedisServer) -> Vec<String> {
+    vec![
+        "--backend".into(),
+        "redis".into(),
+        "--redis-url".into(),
+        redis.url(),
+    ]
+}
+
+/// A floodgate on `redis` whose Redis command timeout is `timeout_ms`.
+fn start_with_timeout(rules: &str, redis: &RedisServer, timeout_ms: u64) -> Floodgate {
+    let flags = redis_flags(redis);
+    let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
+    Floodgate::start_with_env(
+        &[("rules.yaml", rules)],
+        &flags,
+        &[(
+            "FLOODGATE_REDIS_COMMAND_TIMEOUT_MS",
+            &timeout_ms.to_string(),
+        )],
+    )
+}
+
+/// A floodgate with a command timeout that a debug build on a loaded machine always meets:
+/// for tests about counting, where a timeout would be noise.
+fn start(rules: &str, redis: &RedisServer) -> Floodgate {
+    start_with_timeout(rules, redis, 2000)
+}
+
+/// Sends `per_task` requests from each of `tasks` concurrent tasks, alternating between
+/// `servers`; returns how many were allowed.
+async fn admitted(servers: &[&Floodgate], key: &str, tasks: usize, per_task: usize) -> usize {
+    let mut clients = Vec::new();
+    for server in servers {
+        clients.push(server.client().await);
+    }
+    let mut handles = Vec::new();
+    for task in 0..tasks {
+        let mut client = clients[task % clients.len()].clone();
+        let req = request("global", vec![descriptor(&[(key, "shared")])]);
+        handles.push(tokio::spawn(async move {
+            let mut allowed = 0;
+            for _ in 0..per_task {
+                let response = client
+                    .should_rate_limit(req.clone())
+                    .await
+                    .expect("decision");
+                if response.get_ref().overall_code == OK {
+                    allowed += 1;
+                }
+            }
+            allowed
+        }));
+    }
+    let mut total = 0;
+    for handle in handles {
+        total += handle.await.expect("task");
+    }
+    total
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn two_servers_share_one_exact_count_for_every_algorithm() {
+    let redis = RedisServer::start();
+    let a = start(EVERY_ALGORITHM, &redis);
+    let b = start(EVERY_ALGORITHM, &redis);
+    for algorithm in [
+        "fixed_window",
+        "sliding_window",
+        "sliding_log",
+        "token_bucket",
+        "gcra",
+    ] {
+        let allowed = admitted(&[&a, &b], algorithm, 16, 8).await;
+        assert_eq!(
+            allowed, 50,
+            "{algorithm}: 128 requests over two servers against a limit of 50"
+        );
+    }
+}
+
+#[tokio::test]
+async fn restarting_floodgate_mid_window_admits_nothing_extra() {
+    let redis = RedisServer::start();
+    let first = start(EVERY_ALGORITHM, &redis);
+    assert_eq!(admitted(&[&first], "fixed_window", 1, 30).await, 30);
+    drop(first);
+    let second = start(EVERY_ALGORITHM, &redis);
+    assert_eq!(admitted(&[&second], "fixed_window", 1, 30).await, 20);
+}
+
+#[tokio::test]
+async fn five_descriptors_cost_five_script_calls_in_one_pipeline() {
+    let redis = RedisServer::start();
+    let server = start(EVERY_ALGORITHM, &redis);
+    let keys = [
+        "fixed_window",
+        "sliding_window",
+        "sliding_log",
+        "token_bucket",
+        "gcra",
+    ];
+    let five = request(
+        "global",
+        keys.iter().map(|k| descriptor(&[(k, "rt")])).collect(),
+    );
+    server.ask(five.clone()).await;
+    redis.command(&["CONFIG", "RESETSTAT"]);
+    for _ in 0..10 {
+        let response = server.ask(five.clone()).await;
+        assert_eq!(response.statuses.len(), 5);
+    }
+    let stats = redis.command(&["INFO", "commandstats"]);
+    let evalsha = stats
+        .lines()
+        .find(|l| l.starts_with("cmdstat_evalsha:"))
+        .unwrap_or_else(|| panic!("no evalsha in {stats}"));
+    assert!(
+        evalsha.starts_with("cmdstat_evalsha:calls=50,"),
+        "{evalsha}"
+    );
+}
+
+#[tokio::test]
+async fn script_flush_is_survived_without_a_failed_request() {
+    let redis = RedisServer::start();
+    let server = start(EVERY_ALGORITHM, &redis);
+    let req = request("global", vec![descriptor(&[("fixed_window", "flush")])]);
+    let mut client = server.client().await;
+    for round in 0..20 {
+        if round % 5 == 0 {
+            redis.command(&["SCRIPT", "FLUSH"]);
+        }
+        let response = client
+            .should_rate_limit(req.clone())
+            .await
+            .expect("no failed request");
+        assert_eq!(response.get_ref().statuses[0].limit_remaining, 49 - round);
+    }
+}
+
+const POLICIES: &str = "
+domain: policy
+descriptors:
+  - key: error_rule
+    rate_limit: {unit: day, requests_per_unit: 5}
+  - key: open_rule
+    on_backend_error: fail_open
+    rate_limit: {unit: day, requests_per_unit: 5}
+  - key: closed_rule
+    on_backend_error: fail_closed
+    rate_limit: {unit: day, requests_per_unit: 5}
+  - key: local_rule
+    on_backend_error: local
+    rate_limit: {unit: day, requests_per_unit: 2}
+";
+
+#[tokio::test]
+async fn a_dead_redis_gets_each_rules_failure_policy_in_bounded_time() {
+    let redis = RedisServer::start();
+    let server = start(POLICIES, &redis);
+    let ask = |key: &'static str| request("policy", vec![descriptor(&[(key, "x")])]);
+    assert_eq!(server.ask(ask("error_rule")).await.overall_code, OK);
+    drop(redis);
+
+    let started = Instant::now();
+    let status = server.ask_err(ask("error_rule")).await;
+    assert_eq!(status.code(), tonic::Code::Unavailable, "{status:?}");
+    assert_eq!(server.ask(ask("open_rule")).await.overall_code, OK);
+    assert_eq!(
+        server.ask(ask("closed_rule")).await.overall_code,
+        OVER_LIMIT
+    );
+    let local: Vec<i32> = {
+        let mut codes = Vec::new();
+        for _ in 0..3 {
+            codes.push(server.ask(ask("local_rule")).await.overall_code);
+        }
+        codes
+    };
+    assert_eq!(
+        local,
+        [OK, OK, OVER_LIMIT],
+        "the local limiter counts while redis is down"
+    );
+    // Seven requests against a dead Redis, each bounded by the command timeout (15 ms):
+    // generous slack for a loaded machine, but far from a hang.
+    assert!(
+        started.elapsed() < Duration::from_secs(3),
+        "{:?}",
+        started.elapsed()
+    );
+}
+
+#[tokio::test]
+async fn decisions_resume_by_themselves_when_redis_returns() {
+    let redis = RedisServer::start();
+    let port = redis.port();
+    let server = start(POLICIES, &redis);
+    let req = request("policy", vec![descriptor(&[("error_rule", "back")])]);
+    assert_eq!(server.ask(req.clone()).await.overall_code, OK);
+    drop(redis);
+    assert_eq!(
+        server.ask_err(req.clone()).await.code(),
+        tonic::Code::Unavailable
+    );
+
+    let _redis = RedisServer::start_on(port);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let mut client = server.client().await;
+        match client.should_rate_limit(req.clone()).await {
+            Ok(response) => {
+                assert_eq!(response.get_ref().overall_code, OK);
+                break;
+            }
+            Err(status) if Instant::now() < deadline => {
+                assert_eq!(status.code(), tonic::Code::Unavailable);
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            Err(status) => panic!("decisions did not resume: {status:?}"),
+        }
+    }
+}
+
+#[tokio::test]
+async fn a_hung_redis_answers_within_the_command_timeout() {
+    let redis = RedisServer::start();
+    let server = start_with_timeout(POLICIES, &redis, 100);
+    let ask = |key: &'static str| request("policy", vec![descriptor(&[(key, "hung")])]);
+    // Warm the pool, then freeze Redis: connections stay open but nothing answers.
+    assert_eq!(server.ask(ask("open_rule")).await.overall_code, OK);
+    let pid = redis.pid().to_string();
+    let stop = std::process::Command::new("kill")
+        .args(["-STOP", &pid])
+        .status()
+        .unwrap();
+    assert!(stop.success());
+
+    for (key, expected) in [("open_rule", OK), ("closed_rule", OVER_LIMIT)] {
+        let started = Instant::now();
+        let response = server.ask(ask(key)).await;
+        let waited = started.elapsed();
+        assert_eq!(response.overall_code, expected, "{key}");
+        assert!(
+            waited >= Duration::from_millis(100),
+            "{key} answered before the timeout: {waited:?}"
+        );
+        assert!(waited < Duration::from_secs(2), "{key} waited {waited:?}");
+    }
+    let started = Instant::now();
+    assert_eq!(
+        server.ask_err(ask("error_rule")).await.code(),
+        tonic::Code::Unavailable
+    );
+    assert!(started.elapsed() < Duration::from_secs(2));
+    let _ = std::process::Command::new("kill")
+        .args(["-CONT", &pid])
+        .status();
+}

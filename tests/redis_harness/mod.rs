@@ -1,0 +1,183 @@
+//! Real Redis servers for integration tests: each test starts its own `redis-server` on a
+//! free loopback port, with no persistence, in a temporary directory, and the server is
+//! killed and reaped when the handle is dropped. No test depends on a Redis someone left
+//! running, and tests never share one (a test that flushes scripts cannot disturb another).
+
+#![allow(dead_code)]
+
+use std::net::TcpListener;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use deadpool_redis::redis;
+
+/// The binary tests run; Debian's `redis-server` package installs it here.
+const REDIS_SERVER: &str = "redis-server";
+/// How long a server may take to answer PING before the start counts as failed.
+const STARTUP: Duration = Duration::from_secs(10);
+/// Attempts with a fresh port: another process can take a free port between our probe and
+/// the server's bind.
+const ATTEMPTS: usize = 5;
+
+/// A running `redis-server`, stopped when dropped.
+pub struct RedisServer {
+    child: Child,
+    port: u16,
+    dir: tempfile::TempDir,
+}
+
+impl RedisServer {
+    /// Starts a standalone server: `--save "" --appendonly no`, bound to 127.0.0.1.
+    pub fn start() -> RedisServer {
+        Self::start_with(&[])
+    }
+
+    /// Starts a server with extra command-line options (`["--cluster-enabled", "yes"]`, …)
+    /// after the defaults, so they can override them.
+    pub fn start_with(options: &[&str]) -> RedisServer {
+        let mut failures = Vec::new();
+        for _ in 0..ATTEMPTS {
+            match Self::try_start(free_port(), options) {
+                Ok(server) => return server,
+                Err(failure) => failures.push(failure),
+            }
+        }
+        panic!(
+            "redis-server did not start after {ATTEMPTS} attempts (is the redis-server \
+             package installed?):\n{}",
+            failures.join("\n")
+        );
+    }
+
+    /// Starts a standalone server on `port`, e.g. the port of a server a test stopped, to
+    /// bring "the same" Redis back (empty: nothing is persisted).
+    pub fn start_on(port: u16) -> RedisServer {
+        Self::try_start(port, &[]).unwrap_or_else(|failure| panic!("{failure}"))
+    }
+
+    fn try_start(port: u16, options: &[&str]) -> Result<RedisServer, String> {
+        let dir = tempfile::tempdir().map_err(|e| format!("temporary directory: {e}"))?;
+        let child = Command::new(REDIS_SERVER)
+            .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
+            .args(["--save", "", "--appendonly", "no"])
+            .arg("--dir")
+            .arg(dir.path())
+            .arg("--logfile")
+            .arg(dir.path().join("redis.log"))
+            .args(options)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .map_err(|e| format!("cannot run {REDIS_SERVER}: {e}"))?;
+        // From here on, Drop stops the child whatever happens.
+        let mut server = RedisServer { child, port, dir };
+        server.wait_until_ready()?;
+        Ok(server)
+    }
+
+    /// Polls PING until the server answers, failing early if it exited (port taken).
+    fn wait_until_ready(&mut self) -> Result<(), String> {
+        let client = self.client();
+        let deadline = Instant::now() + STARTUP;
+        loop {
+            if let Ok(Some(status)) = self.child.try_wait() {
+                return Err(format!(
+                    "port {}: redis-server exited with {status}: {}",
+                    self.port,
+                    self.log()
+                ));
+            }
+            let pong = client
+                .get_connection_with_timeout(Duration::from_millis(200))
+                .and_then(|mut connection| redis::cmd("PING").query::<String>(&mut connection));
+            match pong {
+                Ok(reply) if reply == "PONG" => return Ok(()),
+                _ if Instant::now() > deadline => {
+                    return Err(format!(
+                        "port {}: no PONG within {STARTUP:?}: {}",
+                        self.port,
+                        self.log()
+                    ));
+                }
+                _ => std::thread::sleep(Duration::from_millis(20)),
+            }
+        }
+    }
+
+    /// The server's process id (to freeze it with SIGSTOP, say).
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// `redis://127.0.0.1:<port>/`.
+    pub fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}/", self.port)
+    }
+
+    /// The server's working directory (a temporary directory removed on drop).
+    pub fn dir(&self) -> PathBuf {
+        self.dir.path().to_owned()
+    }
+
+    pub fn client(&self) -> redis::Client {
+        redis::Client::open(self.url()).expect("a loopback URL is a valid Redis URL")
+    }
+
+    /// A new multiplexed async connection (needs a tokio runtime).
+    pub async fn connection(&self) -> redis::aio::MultiplexedConnection {
+        self.client()
+            .get_multiplexed_async_connection()
+            .await
+            .unwrap_or_else(|e| panic!("connect to redis-server on port {}: {e}", self.port))
+    }
+
+    /// Runs one command on a fresh blocking connection and returns the reply as text
+    /// (`OK`, a bulk string such as INFO's, an integer's digits, or the reply's debug form).
+    /// Panics on an error reply: it is for a test's set-up and inspection.
+    pub fn command(&self, args: &[&str]) -> String {
+        let (name, rest) = args.split_first().expect("a command has a name");
+        let mut connection = self
+            .client()
+            .get_connection_with_timeout(Duration::from_secs(5))
+            .unwrap_or_else(|e| panic!("connect to redis-server on port {}: {e}", self.port));
+        let reply: redis::Value = redis::cmd(name)
+            .arg(rest)
+            .query(&mut connection)
+            .unwrap_or_else(|e| panic!("{args:?} on port {}: {e}", self.port));
+        match reply {
+            redis::Value::Okay => "OK".to_owned(),
+            redis::Value::SimpleString(text) => text,
+            redis::Value::BulkString(bytes) => String::from_utf8_lossy(&bytes).into_owned(),
+            redis::Value::VerbatimString { text, .. } => text,
+            redis::Value::Int(n) => n.to_string(),
+            other => format!("{other:?}"),
+        }
+    }
+
+    /// The server's log so far, for failure messages.
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.path().join("redis.log"))
+            .unwrap_or_else(|e| format!("(no log: {e})"))
+    }
+}
+
+impl Drop for RedisServer {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A port free at the time of the call: the kernel's pick for 127.0.0.1:0.
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|listener| listener.local_addr())
+        .map(|addr| addr.port())
+        .expect("bind 127.0.0.1:0")
+}
