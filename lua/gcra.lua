@@ -6,39 +6,11 @@
 -- tokens refilled every T admits, in one number instead of two.
 --
 -- State: the string KEYS[1] = tat, expiring at the TAT; no key is a full allowance.
--- Arguments and reply: lua/README.md.
+-- Runs after lua/prelude.lua (key, quota, window_micros, amount, negative, now, number,
+-- int). Arguments and reply: lua/README.md.
 
-local key = KEYS[1]
-
-local function number(index)
-  local value = tonumber(ARGV[index])
-  if value == nil then
-    error('ARGV[' .. index .. '] must be an integer, got ' .. tostring(ARGV[index]))
-  end
-  return value
-end
-
--- Integers as decimal digits: tostring() would keep only 14 significant digits.
-local function int(value)
-  return string.format('%.0f', value)
-end
-
--- The caller's instant (tests), or Redis' own clock, the same for every replica.
-local function clock()
-  if ARGV[7] ~= '' then
-    return number(7)
-  end
-  local time = redis.call('TIME')
-  return tonumber(time[1]) * 1000000 + tonumber(time[2])
-end
-
-local quota = number(1)
-local window_micros = number(2)
-local amount = number(3)
-local negative = ARGV[4] == '1'
 local capacity = number(5)
 local interval = number(6)
-local now = clock()
 
 -- Writes the TAT with a TTL ending at it (rounded up to the millisecond): SET … PX with the
 -- time left equals PEXPIREAT tat on Redis' clock. A TAT at or before now is the same as none.

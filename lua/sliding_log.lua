@@ -5,38 +5,10 @@
 -- the sequence KEYS[2] that numbers the members so that no two are equal. Both expire one
 -- window after the newest hit, and the sequence never before the log: a sequence that
 -- started over while members remain would reuse their names and lose hits.
--- Arguments and reply: lua/README.md.
+-- Runs after lua/prelude.lua (key, quota, window_micros, amount, negative, now, number,
+-- int). Arguments and reply: lua/README.md.
 
-local key = KEYS[1]
 local seq_key = KEYS[2]
-
-local function number(index)
-  local value = tonumber(ARGV[index])
-  if value == nil then
-    error('ARGV[' .. index .. '] must be an integer, got ' .. tostring(ARGV[index]))
-  end
-  return value
-end
-
--- Integers as decimal digits: tostring() would keep only 14 significant digits.
-local function int(value)
-  return string.format('%.0f', value)
-end
-
--- The caller's instant (tests), or Redis' own clock, the same for every replica.
-local function clock()
-  if ARGV[7] ~= '' then
-    return number(7)
-  end
-  local time = redis.call('TIME')
-  return tonumber(time[1]) * 1000000 + tonumber(time[2])
-end
-
-local quota = number(1)
-local window_micros = number(2)
-local amount = number(3)
-local negative = ARGV[4] == '1'
-local now = clock()
 
 -- Members per ZADD call, well within Lua's stack.
 local BATCH = 500

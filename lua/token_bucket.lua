@@ -6,39 +6,10 @@
 -- already elapsed is kept, not lost to rounding.
 --
 -- State: the hash KEYS[1] = {tokens, last}, expiring when the bucket is full again; no key is
--- a full bucket. Arguments and reply: lua/README.md.
+-- a full bucket. Runs after lua/prelude.lua. Arguments and reply: lua/README.md.
 
-local key = KEYS[1]
-
-local function number(index)
-  local value = tonumber(ARGV[index])
-  if value == nil then
-    error('ARGV[' .. index .. '] must be an integer, got ' .. tostring(ARGV[index]))
-  end
-  return value
-end
-
--- Integers as decimal digits: tostring() would keep only 14 significant digits.
-local function int(value)
-  return string.format('%.0f', value)
-end
-
--- The caller's instant (tests), or Redis' own clock, the same for every replica.
-local function clock()
-  if ARGV[7] ~= '' then
-    return number(7)
-  end
-  local time = redis.call('TIME')
-  return tonumber(time[1]) * 1000000 + tonumber(time[2])
-end
-
-local quota = number(1)
-local window_micros = number(2)
-local amount = number(3)
-local negative = ARGV[4] == '1'
 local capacity = number(5)
 local interval = number(6)
-local now = clock()
 
 -- Writes the state with a TTL ending at expires_at (rounded up to the millisecond). PEXPIRE
 -- with the time left equals PEXPIREAT expires_at on Redis' clock, and Redis propagates it to

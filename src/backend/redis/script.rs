@@ -53,14 +53,25 @@ impl Default for Scripts {
     }
 }
 
-/// The Lua source of `algorithm`, compiled into the binary.
+/// One script's source, compiled into the binary: the shared prelude (argument reading and
+/// the clock), then the algorithm's body.
+macro_rules! script_source {
+    ($name:literal) => {
+        concat!(
+            include_str!("../../../lua/prelude.lua"),
+            include_str!(concat!("../../../lua/", $name, ".lua"))
+        )
+    };
+}
+
+/// The Lua source of `algorithm`.
 fn source(algorithm: Algorithm) -> &'static str {
     match algorithm {
-        Algorithm::FixedWindow => include_str!("../../../lua/fixed_window.lua"),
-        Algorithm::SlidingWindow => include_str!("../../../lua/sliding_window.lua"),
-        Algorithm::SlidingLog => include_str!("../../../lua/sliding_log.lua"),
-        Algorithm::TokenBucket => include_str!("../../../lua/token_bucket.lua"),
-        Algorithm::Gcra => include_str!("../../../lua/gcra.lua"),
+        Algorithm::FixedWindow => script_source!("fixed_window"),
+        Algorithm::SlidingWindow => script_source!("sliding_window"),
+        Algorithm::SlidingLog => script_source!("sliding_log"),
+        Algorithm::TokenBucket => script_source!("token_bucket"),
+        Algorithm::Gcra => script_source!("gcra"),
     }
 }
 
