@@ -19,7 +19,7 @@ use deadpool_redis::{Pool, Runtime, redis};
 use crate::backend::{BackendError, CounterHit};
 use crate::clock::Clock;
 use crate::limiter::Decision;
-use script::{ScriptClock, Scripts};
+pub(crate) use script::{ScriptClock, Scripts};
 
 /// How to reach Redis and how long to wait for it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -87,20 +87,10 @@ impl RedisBackend {
         }
     }
 
-    /// Loads every script on the server (after a NOSCRIPT, and once at start-up).
+    /// Loads every script on the server (once at start-up; NOSCRIPT reloads them too).
     pub async fn load_scripts(&self) -> Result<(), BackendError> {
         let mut connection = self.connection().await?;
-        self.load_scripts_on(&mut connection).await
-    }
-
-    async fn load_scripts_on(
-        &self,
-        connection: &mut deadpool_redis::Connection,
-    ) -> Result<(), BackendError> {
-        for script in self.scripts.all() {
-            script.load_async(connection).await.map_err(unavailable)?;
-        }
-        Ok(())
+        load_scripts(&mut connection, &self.scripts).await
     }
 
     async fn connection(&self) -> Result<deadpool_redis::Connection, BackendError> {
@@ -110,66 +100,104 @@ impl RedisBackend {
             .map_err(|e| BackendError::Unavailable(format!("redis connection: {e}")))
     }
 
-    /// One pipeline with every call; then, if the server had lost its scripts, a reload and
-    /// one more pipeline with just the calls it refused.
     async fn exchange(
         &self,
         hits: &[CounterHit<'_>],
     ) -> Result<Vec<Result<Decision, BackendError>>, BackendError> {
         let mut connection = self.connection().await?;
-        let now = self.clock.now_micros();
-        let keys: Vec<String> = hits
+        let calls: Vec<Call<'_>> = hits
             .iter()
-            .map(|hit| format!("{}{}", self.options.key_prefix, hit.key))
+            .map(|hit| Call::new(&self.options.key_prefix, hit))
             .collect();
-        let send = |indices: &[usize]| {
-            let mut pipe = redis::pipe();
-            pipe.ignore_errors();
-            for &i in indices {
-                let hit = &hits[i];
-                script::add_call(
-                    &mut pipe,
-                    &self.scripts,
-                    &keys[i],
-                    &hit.limit,
-                    hit.hits,
-                    ScriptClock::Redis,
-                    now,
-                );
-            }
-            pipe
-        };
+        run_calls(
+            &mut connection,
+            &self.scripts,
+            &calls,
+            self.clock.now_micros(),
+        )
+        .await
+    }
+}
 
-        let all: Vec<usize> = (0..hits.len()).collect();
-        let replies: Vec<redis::Value> = send(&all)
-            .query_async(&mut connection)
+/// One counter hit as a script call: the full Redis key and the hit.
+pub(crate) struct Call<'a> {
+    pub key: String,
+    pub hit: &'a CounterHit<'a>,
+}
+
+impl<'a> Call<'a> {
+    pub fn new(prefix: &str, hit: &'a CounterHit<'a>) -> Self {
+        Call {
+            key: format!("{prefix}{}", hit.key),
+            hit,
+        }
+    }
+}
+
+/// Runs `calls` on one connection as one pipeline; then, if the server had lost its
+/// scripts, loads them and sends just the calls it refused, so nothing is counted twice.
+/// `local_now` is this process's clock, for calendar window boundaries only.
+pub(crate) async fn run_calls<C: redis::aio::ConnectionLike>(
+    connection: &mut C,
+    scripts: &Scripts,
+    calls: &[Call<'_>],
+    local_now: u64,
+) -> Result<Vec<Result<Decision, BackendError>>, BackendError> {
+    let pipeline = |indices: &mut dyn Iterator<Item = usize>| {
+        let mut pipe = redis::pipe();
+        pipe.ignore_errors();
+        for i in indices {
+            let call = &calls[i];
+            let hit = call.hit;
+            script::add_call(
+                &mut pipe,
+                scripts,
+                &call.key,
+                &hit.limit,
+                hit.hits,
+                ScriptClock::Redis,
+                local_now,
+            );
+        }
+        pipe
+    };
+
+    let replies: Vec<redis::Value> = pipeline(&mut (0..calls.len()))
+        .query_async(connection)
+        .await
+        .map_err(unavailable)?;
+    let mut results: Vec<Result<Decision, BackendError>> =
+        replies.iter().map(reply_to_result).collect();
+
+    let refused: Vec<usize> = (0..replies.len())
+        .filter(|&i| is_noscript(&replies[i]))
+        .collect();
+    if !refused.is_empty() {
+        tracing::info!(
+            calls = refused.len(),
+            "redis lost its scripts; loading them again"
+        );
+        load_scripts(connection, scripts).await?;
+        let retried: Vec<redis::Value> = pipeline(&mut refused.iter().copied())
+            .query_async(connection)
             .await
             .map_err(unavailable)?;
-        let mut results: Vec<Result<Decision, BackendError>> =
-            replies.iter().map(reply_to_result).collect();
-
-        let refused: Vec<usize> = replies
-            .iter()
-            .enumerate()
-            .filter(|(_, reply)| is_noscript(reply))
-            .map(|(i, _)| i)
-            .collect();
-        if !refused.is_empty() {
-            tracing::info!(
-                calls = refused.len(),
-                "redis lost its scripts; loading them again"
-            );
-            self.load_scripts_on(&mut connection).await?;
-            let retried: Vec<redis::Value> = send(&refused)
-                .query_async(&mut connection)
-                .await
-                .map_err(unavailable)?;
-            for (i, reply) in refused.into_iter().zip(retried.iter()) {
-                results[i] = reply_to_result(reply);
-            }
+        for (i, reply) in refused.into_iter().zip(&retried) {
+            results[i] = reply_to_result(reply);
         }
-        Ok(results)
     }
+    Ok(results)
+}
+
+/// SCRIPT LOAD of every script on the server behind `connection`.
+pub(crate) async fn load_scripts<C: redis::aio::ConnectionLike>(
+    connection: &mut C,
+    scripts: &Scripts,
+) -> Result<(), BackendError> {
+    for script in scripts.all() {
+        script.load_async(connection).await.map_err(unavailable)?;
+    }
+    Ok(())
 }
 
 fn is_noscript(reply: &redis::Value) -> bool {
