@@ -102,7 +102,7 @@ fn deciding(c: &mut Criterion) {
     let memory = Arc::new(MemoryBackend::new(Arc::new(SystemClock)));
     let limiter = RateLimiter::new(
         rules(),
-        Backend::Memory(memory.clone()),
+        Backend::memory(memory.clone()),
         memory,
         ServiceOptions::default(),
     );

@@ -12,16 +12,17 @@ if ! need cargo; then
     exit 1
 fi
 
-# Real Redis for the redis backend and Lua tests (Debian's packages).
-if ! need redis-server || ! need redis-cli; then
+# Real Redis for the redis backend and Lua tests, and faketime to skew a server's clock
+# (Debian's packages).
+if ! need redis-server || ! need redis-cli || ! need faketime; then
     if [ "$(id -u)" = 0 ] && need apt-get; then
-        echo "== installing redis-server and redis-tools"
+        echo "== installing redis-server, redis-tools and faketime"
         apt-get update -qq
-        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server redis-tools >/dev/null
+        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server redis-tools faketime >/dev/null
         # The package may start a system-wide server; the tests start their own.
         service redis-server stop >/dev/null 2>&1 || true
     else
-        echo "redis-server and redis-cli are required: apt-get install redis-server redis-tools" >&2
+        echo "required: apt-get install redis-server redis-tools faketime" >&2
         exit 1
     fi
 fi

@@ -2,7 +2,7 @@
 //! loaded rules for operators.
 //!
 //! - `GET /healthz`: 200 while the process runs.
-//! - `GET /readyz`: 200 while serving, 503 once shutdown began.
+//! - `GET /readyz`: 200 while serving, 503 while the backend fails or once shutdown began.
 //! - `POST /json`: a protobuf-JSON `RateLimitRequest`; 200 OK, 429 over limit, 400 bad
 //!   request (with the reason), 503 backend unavailable; the body is the JSON response.
 //! - `GET /rlconfig`: the rules in force, one line per rule, stable order.
@@ -40,10 +40,12 @@ pub fn router(state: HttpState) -> Router {
 }
 
 async fn readyz(State(state): State<HttpState>) -> Response {
-    if state.ready.load(Ordering::Acquire) {
-        (StatusCode::OK, "ready\n").into_response()
-    } else {
+    if !state.ready.load(Ordering::Acquire) {
         (StatusCode::SERVICE_UNAVAILABLE, "shutting down\n").into_response()
+    } else if !state.limiter.backend().healthy() {
+        (StatusCode::SERVICE_UNAVAILABLE, "backend unavailable\n").into_response()
+    } else {
+        (StatusCode::OK, "ready\n").into_response()
     }
 }
 

@@ -9,7 +9,9 @@ use std::time::Duration;
 use anyhow::Context;
 use clap::{Args, Parser, Subcommand};
 
-use floodgate::backend::{Backend, MemoryBackend, RedisBackend, RedisOptions};
+use floodgate::backend::{
+    Backend, Breaker, MemoryBackend, RedisBackend, RedisClusterBackend, RedisOptions, Store,
+};
 use floodgate::clock::SystemClock;
 use floodgate::rules::RuleSet;
 use floodgate::service::{RateLimiter, ServiceOptions};
@@ -65,7 +67,8 @@ struct ServeArgs {
     /// Where counters live [default: memory].
     #[arg(long, value_enum)]
     backend: Option<BackendKind>,
-    /// Redis URL for the redis backend [default: redis://127.0.0.1:6379].
+    /// Redis URL for the redis backend, or seed URLs (comma-separated) for redis-cluster
+    /// [default: redis://127.0.0.1:6379].
     #[arg(long)]
     redis_url: Option<String>,
     /// Global shadow mode: never answer OVER_LIMIT overall.
@@ -188,25 +191,37 @@ async fn serve(settings: Settings) -> anyhow::Result<()> {
     let clock = Arc::new(SystemClock);
     let memory = Arc::new(MemoryBackend::new(clock.clone()));
     memory.spawn_sweeper(Duration::from_secs(10));
+    let redis_options = RedisOptions {
+        url: settings.redis_url.clone(),
+        pool_size: settings.redis_pool_size,
+        connect_timeout: Duration::from_millis(settings.redis_connect_timeout_ms),
+        command_timeout: Duration::from_millis(settings.redis_command_timeout_ms),
+        key_prefix: settings.redis_key_prefix.clone(),
+    };
+    // A Redis that is down at start-up is every rule's failure policy later, not a reason
+    // to refuse to start: script loading failures are only logged.
+    let breaker = || {
+        Breaker::new(
+            settings.redis_breaker_failures,
+            Duration::from_millis(settings.redis_breaker_cooldown_ms),
+            clock.clone(),
+        )
+    };
     let backend = match settings.backend {
-        BackendKind::Memory => Backend::Memory(memory.clone()),
+        BackendKind::Memory => Backend::memory(memory.clone()),
         BackendKind::Redis => {
-            let redis = RedisBackend::new(
-                RedisOptions {
-                    url: settings.redis_url.clone(),
-                    pool_size: settings.redis_pool_size,
-                    connect_timeout: Duration::from_millis(settings.redis_connect_timeout_ms),
-                    command_timeout: Duration::from_millis(settings.redis_command_timeout_ms),
-                    key_prefix: settings.redis_key_prefix.clone(),
-                },
-                clock,
-            )?;
-            // A Redis that is down now is every rule's failure policy later, not a reason
-            // to refuse to start.
+            let redis = RedisBackend::new(redis_options, clock.clone())?;
             if let Err(error) = redis.load_scripts().await {
                 tracing::warn!(%error, "could not load the scripts into redis yet");
             }
-            Backend::Redis(Arc::new(redis))
+            Backend::remote(Store::Redis(Arc::new(redis)), breaker())
+        }
+        BackendKind::RedisCluster => {
+            let cluster = RedisClusterBackend::new(redis_options, clock.clone())?;
+            if let Err(error) = cluster.load_scripts().await {
+                tracing::warn!(%error, "could not load the scripts into the redis cluster yet");
+            }
+            Backend::remote(Store::RedisCluster(Arc::new(cluster)), breaker())
         }
     };
     let mut signals = ShutdownSignals::register()?;

@@ -1,6 +1,6 @@
 //! The server's lifecycle: bind both listeners, serve gRPC (rate limit, health, reflection)
-//! and HTTP, and on shutdown turn health NOT_SERVING, let in-flight requests finish within
-//! the grace period, then stop.
+//! and HTTP, keep health in line with the backend, and on shutdown turn health NOT_SERVING,
+//! let in-flight requests finish within the grace period, then stop.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -27,7 +27,11 @@ pub struct RunningServer {
     ready: Arc<AtomicBool>,
     health: tonic_health::server::HealthReporter,
     tasks: JoinHandle<anyhow::Result<()>>,
+    watcher: JoinHandle<()>,
 }
+
+/// How often the backend's health is looked at (and an open circuit probed).
+const HEALTH_INTERVAL: Duration = Duration::from_millis(100);
 
 /// Binds `grpc_addr` and `http_addr` (port 0 picks a free port) and starts serving.
 pub async fn start(
@@ -55,6 +59,7 @@ pub async fn start(
 
     let (stop, stopped) = watch::channel(false);
     let ready = Arc::new(AtomicBool::new(true));
+    let watcher = tokio::spawn(watch_backend(limiter.clone(), health.clone()));
     let grpc = tonic::transport::Server::builder()
         .add_service(health_service)
         .add_service(reflection)
@@ -85,7 +90,45 @@ pub async fn start(
         ready,
         health,
         tasks,
+        watcher,
     })
+}
+
+/// Turns health NOT_SERVING while the backend fails (its circuit is open) and SERVING when
+/// it answers again, probing an open circuit so recovery needs no traffic.
+async fn watch_backend(limiter: Arc<RateLimiter>, health: tonic_health::server::HealthReporter) {
+    let mut serving = true;
+    let mut ticks = tokio::time::interval(HEALTH_INTERVAL);
+    loop {
+        ticks.tick().await;
+        let backend = limiter.backend();
+        backend.probe_if_due().await;
+        let healthy = backend.healthy();
+        if healthy != serving {
+            serving = healthy;
+            let status = if healthy {
+                tonic_health::ServingStatus::Serving
+            } else {
+                tonic_health::ServingStatus::NotServing
+            };
+            tracing::info!(?status, "backend health changed");
+            set_health(&health, status).await;
+        }
+    }
+}
+
+/// Sets the overall status and the rate-limit service's.
+async fn set_health(
+    health: &tonic_health::server::HealthReporter,
+    status: tonic_health::ServingStatus,
+) {
+    health.set_service_status("", status).await;
+    health
+        .set_service_status(
+            <RateLimitServiceServer<GrpcService> as tonic::server::NamedService>::NAME,
+            status,
+        )
+        .await;
 }
 
 impl RunningServer {
@@ -93,12 +136,10 @@ impl RunningServer {
     /// requests get up to `grace` to finish.
     pub async fn shutdown(self, grace: Duration) -> anyhow::Result<()> {
         self.ready.store(false, Ordering::Release);
-        self.health
-            .set_not_serving::<RateLimitServiceServer<GrpcService>>()
-            .await;
-        self.health
-            .set_service_status("", tonic_health::ServingStatus::NotServing)
-            .await;
+        // The watcher must not turn health back on once shutdown has turned it off.
+        self.watcher.abort();
+        let _ = self.watcher.await;
+        set_health(&self.health, tonic_health::ServingStatus::NotServing).await;
         let _ = self.stop.send(true);
         match tokio::time::timeout(grace, self.tasks).await {
             Ok(joined) => joined.context("server task")?,

@@ -30,6 +30,8 @@ pub enum BackendKind {
     Memory,
     /// One Redis server, shared by every replica.
     Redis,
+    /// A Redis Cluster (`redis_url` lists seed nodes, comma-separated).
+    RedisCluster,
 }
 
 impl BackendKind {
@@ -37,6 +39,7 @@ impl BackendKind {
         match self {
             BackendKind::Memory => "memory",
             BackendKind::Redis => "redis",
+            BackendKind::RedisCluster => "redis-cluster",
         }
     }
 }
@@ -80,7 +83,8 @@ pub struct Settings {
     /// Directory of rule files.
     pub rules: PathBuf,
     pub backend: BackendKind,
-    /// `redis://[user:password@]host:port[/db]` for the redis backend.
+    /// `redis://[user:password@]host:port[/db]` for the redis backend; for redis-cluster a
+    /// comma-separated list of seed nodes.
     pub redis_url: String,
     /// Pooled connections to Redis.
     pub redis_pool_size: usize,
@@ -91,6 +95,11 @@ pub struct Settings {
     pub redis_command_timeout_ms: u64,
     /// Put before every Redis key, so several deployments can share one Redis.
     pub redis_key_prefix: String,
+    /// Requests failing in a row that open the circuit breaker: Redis is not called (each
+    /// rule's failure policy answers at once) until a probe succeeds.
+    pub redis_breaker_failures: u32,
+    /// Milliseconds between probes of an open circuit.
+    pub redis_breaker_cooldown_ms: u64,
     /// Global shadow mode: the overall code is never OVER_LIMIT.
     pub shadow_mode: bool,
     /// Global quota mode: every rule behaves as `quota_mode: true`.
@@ -142,6 +151,8 @@ impl Default for Settings {
             redis_connect_timeout_ms: 250,
             redis_command_timeout_ms: 15,
             redis_key_prefix: "floodgate:".into(),
+            redis_breaker_failures: 5,
+            redis_breaker_cooldown_ms: 500,
             shadow_mode: false,
             quota_mode: false,
             response_headers: HeaderStyle::None,

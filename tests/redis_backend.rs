@@ -288,3 +288,97 @@ async fn a_hung_redis_answers_within_the_command_timeout() {
         .args(["-CONT", &pid])
         .status();
 }
+
+#[tokio::test]
+async fn an_open_circuit_answers_at_once_and_health_follows_the_backend() {
+    use tonic_health::pb::HealthCheckRequest;
+    use tonic_health::pb::health_check_response::ServingStatus;
+    use tonic_health::pb::health_client::HealthClient;
+
+    let redis = RedisServer::start();
+    let flags = redis_flags(&redis);
+    let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
+    let server = Floodgate::start_with_env(
+        &[("rules.yaml", POLICIES)],
+        &flags,
+        &[
+            ("FLOODGATE_REDIS_COMMAND_TIMEOUT_MS", "200"),
+            ("FLOODGATE_REDIS_BREAKER_FAILURES", "3"),
+            ("FLOODGATE_REDIS_BREAKER_COOLDOWN_MS", "300"),
+        ],
+    );
+    let ask = request("policy", vec![descriptor(&[("open_rule", "breaker")])]);
+    assert_eq!(server.ask(ask.clone()).await.overall_code, OK);
+    let channel = tonic::transport::Endpoint::from_shared(format!("http://{}", server.grpc_addr))
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let mut health = HealthClient::new(channel);
+    let status = |response: tonic::Response<tonic_health::pb::HealthCheckResponse>| {
+        response.into_inner().status
+    };
+    let check = || HealthCheckRequest {
+        service: String::new(),
+    };
+    assert_eq!(
+        status(health.check(check()).await.unwrap()),
+        ServingStatus::Serving as i32
+    );
+
+    let pid = redis.pid().to_string();
+    assert!(
+        std::process::Command::new("kill")
+            .args(["-STOP", &pid])
+            .status()
+            .unwrap()
+            .success()
+    );
+    // Three requests each wait out the 200 ms timeout; then the circuit is open.
+    for _ in 0..3 {
+        assert_eq!(server.ask(ask.clone()).await.overall_code, OK, "fail_open");
+    }
+    let started = Instant::now();
+    assert_eq!(server.ask(ask.clone()).await.overall_code, OK);
+    let waited = started.elapsed();
+    assert!(
+        waited < Duration::from_millis(200),
+        "an open circuit waited {waited:?}"
+    );
+    assert_eq!(server.http("GET", "/readyz", "").0, 503);
+    // gRPC health follows within the watcher's interval.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while status(health.check(check()).await.unwrap()) != ServingStatus::NotServing as i32 {
+        assert!(Instant::now() < deadline, "health did not turn NOT_SERVING");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(
+        status(health.check(check()).await.unwrap()),
+        ServingStatus::NotServing as i32
+    );
+
+    // Redis answers again: with no traffic at all, probes close the circuit.
+    assert!(
+        std::process::Command::new("kill")
+            .args(["-CONT", &pid])
+            .status()
+            .unwrap()
+            .success()
+    );
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while status(health.check(check()).await.unwrap()) != ServingStatus::Serving as i32 {
+        assert!(Instant::now() < deadline, "health did not come back");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(server.http("GET", "/readyz", "").0, 200);
+    let response = server
+        .ask(request(
+            "policy",
+            vec![descriptor(&[("error_rule", "back")])],
+        ))
+        .await;
+    assert_eq!(
+        response.statuses[0].limit_remaining, 4,
+        "counted in redis again"
+    );
+}

@@ -4,14 +4,17 @@
 //! `memory` is the embedded backend; `redis` keeps counters in Redis, shared by every
 //! replica.
 
+pub mod breaker;
 pub mod memory;
 pub mod redis;
 
 use std::borrow::Cow;
 use std::sync::Arc;
 
+pub use breaker::Breaker;
+use breaker::{Admission, BreakerState};
 pub use memory::MemoryBackend;
-pub use redis::{RedisBackend, RedisOptions};
+pub use redis::{RedisBackend, RedisClusterBackend, RedisOptions};
 
 use crate::limiter::{CounterKey, Decision, Hits, Limit};
 
@@ -40,23 +43,107 @@ pub enum BackendError {
     Config(String),
 }
 
-/// The configured counter store.
+/// Where counters live.
 #[derive(Clone)]
-pub enum Backend {
+pub enum Store {
     Memory(Arc<MemoryBackend>),
     Redis(Arc<RedisBackend>),
+    RedisCluster(Arc<RedisClusterBackend>),
 }
 
-impl Backend {
-    /// Applies every hit and answers each, in order. A remote backend may fail some or all
-    /// of them; the caller applies each rule's `on_backend_error`.
-    pub async fn hit_all(&self, hits: &[CounterHit<'_>]) -> Vec<Result<Decision, BackendError>> {
+impl Store {
+    async fn hit_all(&self, hits: &[CounterHit<'_>]) -> Vec<Result<Decision, BackendError>> {
         match self {
-            Backend::Memory(memory) => hits
+            Store::Memory(memory) => hits
                 .iter()
                 .map(|hit| Ok(memory.hit(&hit.key, &hit.limit, hit.hits)))
                 .collect(),
-            Backend::Redis(redis) => redis.hit_all(hits).await,
+            Store::Redis(redis) => redis.hit_all(hits).await,
+            Store::RedisCluster(cluster) => cluster.hit_all(hits).await,
+        }
+    }
+
+    /// A cheap call that succeeds only when the store answers (and leaves the scripts
+    /// loaded, so the first requests after a recovery need no NOSCRIPT round).
+    async fn probe(&self) -> Result<(), BackendError> {
+        match self {
+            Store::Memory(_) => Ok(()),
+            Store::Redis(redis) => redis.load_scripts().await,
+            Store::RedisCluster(cluster) => cluster.load_scripts().await,
+        }
+    }
+}
+
+/// The configured counter store, behind a circuit breaker when it is remote.
+#[derive(Clone)]
+pub struct Backend {
+    store: Store,
+    breaker: Option<Arc<Breaker>>,
+}
+
+impl Backend {
+    pub fn memory(memory: Arc<MemoryBackend>) -> Self {
+        Backend {
+            store: Store::Memory(memory),
+            breaker: None,
+        }
+    }
+
+    /// A remote store behind `breaker`.
+    pub fn remote(store: Store, breaker: Breaker) -> Self {
+        Backend {
+            store,
+            breaker: Some(Arc::new(breaker)),
+        }
+    }
+
+    /// Applies every hit and answers each, in order. A remote backend may fail some or all
+    /// of them; the caller applies each rule's `on_backend_error`. While the breaker is
+    /// open every hit fails at once.
+    pub async fn hit_all(&self, hits: &[CounterHit<'_>]) -> Vec<Result<Decision, BackendError>> {
+        let Some(breaker) = &self.breaker else {
+            return self.store.hit_all(hits).await;
+        };
+        if hits.is_empty() {
+            return Vec::new();
+        }
+        let admission = breaker.admit();
+        if admission == Admission::Reject {
+            let open = BackendError::Unavailable("circuit open: the backend keeps failing".into());
+            return vec![Err(open); hits.len()];
+        }
+        let results = self.store.hit_all(hits).await;
+        let failed = results.iter().any(|result| {
+            matches!(
+                result,
+                Err(BackendError::Unavailable(_) | BackendError::Timeout(_))
+            )
+        });
+        breaker.record(admission, !failed);
+        results
+    }
+
+    /// Whether the backend answers: false while the breaker is open.
+    pub fn healthy(&self) -> bool {
+        self.breaker
+            .as_ref()
+            .is_none_or(|breaker| breaker.state() == BreakerState::Closed)
+    }
+
+    /// While the breaker is open and its cooldown is over, probes the store once; a store
+    /// that answers closes the breaker. This is what brings a backend back when no traffic
+    /// comes (readiness may have sent it elsewhere).
+    pub async fn probe_if_due(&self) {
+        let Some(breaker) = &self.breaker else {
+            return;
+        };
+        if breaker.state() == BreakerState::Closed {
+            return;
+        }
+        let admission = breaker.admit();
+        if admission == Admission::Probe {
+            let answered = self.store.probe().await.is_ok();
+            breaker.record(admission, answered);
         }
     }
 }

@@ -121,6 +121,11 @@ impl RateLimiter {
         }
     }
 
+    /// Where the counters live (health checks ask it).
+    pub fn backend(&self) -> &Backend {
+        &self.backend
+    }
+
     /// The rules in force.
     pub fn rules(&self) -> Arc<RuleSet> {
         self.rules.load_full()

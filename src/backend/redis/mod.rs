@@ -9,7 +9,10 @@
 //! by the command timeout, so a dead Redis answers in bounded time instead of piling
 //! requests up.
 
+mod cluster;
 pub mod script;
+
+pub use cluster::RedisClusterBackend;
 
 use std::sync::Arc;
 use std::time::Duration;
