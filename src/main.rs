@@ -10,7 +10,8 @@ use anyhow::Context;
 use clap::{Args, Parser, Subcommand};
 
 use floodgate::backend::{
-    Backend, Breaker, MemoryBackend, RedisBackend, RedisClusterBackend, RedisOptions, Store,
+    Backend, Breaker, MemoryBackend, OverLimitCache, RedisBackend, RedisClusterBackend,
+    RedisOptions, Store,
 };
 use floodgate::clock::SystemClock;
 use floodgate::rules::RuleSet;
@@ -207,6 +208,7 @@ async fn serve(settings: Settings) -> anyhow::Result<()> {
             clock.clone(),
         )
     };
+    let over_limit = || OverLimitCache::new(settings.redis_local_cache_size, clock.clone());
     let backend = match settings.backend {
         BackendKind::Memory => Backend::memory(memory.clone()),
         BackendKind::Redis => {
@@ -214,14 +216,18 @@ async fn serve(settings: Settings) -> anyhow::Result<()> {
             if let Err(error) = redis.load_scripts().await {
                 tracing::warn!(%error, "could not load the scripts into redis yet");
             }
-            Backend::remote(Store::Redis(Arc::new(redis)), breaker())
+            Backend::remote(Store::Redis(Arc::new(redis)), breaker(), over_limit())
         }
         BackendKind::RedisCluster => {
             let cluster = RedisClusterBackend::new(redis_options, clock.clone())?;
             if let Err(error) = cluster.load_scripts().await {
                 tracing::warn!(%error, "could not load the scripts into the redis cluster yet");
             }
-            Backend::remote(Store::RedisCluster(Arc::new(cluster)), breaker())
+            Backend::remote(
+                Store::RedisCluster(Arc::new(cluster)),
+                breaker(),
+                over_limit(),
+            )
         }
     };
     let mut signals = ShutdownSignals::register()?;

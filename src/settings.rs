@@ -100,6 +100,9 @@ pub struct Settings {
     pub redis_breaker_failures: u32,
     /// Milliseconds between probes of an open circuit.
     pub redis_breaker_cooldown_ms: u64,
+    /// Counters Redis reported exhausted that are remembered locally, and answered without
+    /// Redis, until their quota returns (0 disables the cache).
+    pub redis_local_cache_size: usize,
     /// Global shadow mode: the overall code is never OVER_LIMIT.
     pub shadow_mode: bool,
     /// Global quota mode: every rule behaves as `quota_mode: true`.
@@ -153,6 +156,7 @@ impl Default for Settings {
             redis_key_prefix: "floodgate:".into(),
             redis_breaker_failures: 5,
             redis_breaker_cooldown_ms: 500,
+            redis_local_cache_size: 100_000,
             shadow_mode: false,
             quota_mode: false,
             response_headers: HeaderStyle::None,

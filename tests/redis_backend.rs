@@ -382,3 +382,50 @@ async fn an_open_circuit_answers_at_once_and_health_follows_the_backend() {
         "counted in redis again"
     );
 }
+
+#[tokio::test]
+async fn an_exhausted_counter_is_answered_without_redis_until_its_reset() {
+    let redis = RedisServer::start();
+    let server = start(POLICIES, &redis);
+    let req = request("policy", vec![descriptor(&[("local_rule", "hot")])]);
+    let mut client = server.client().await;
+    let mut codes = Vec::new();
+    for _ in 0..3 {
+        codes.push(
+            client
+                .should_rate_limit(req.clone())
+                .await
+                .unwrap()
+                .into_inner()
+                .overall_code,
+        );
+    }
+    assert_eq!(codes, [OK, OK, OVER_LIMIT]);
+
+    redis.command(&["CONFIG", "RESETSTAT"]);
+    for _ in 0..10 {
+        let response = client
+            .should_rate_limit(req.clone())
+            .await
+            .unwrap()
+            .into_inner();
+        assert_eq!(response.overall_code, OVER_LIMIT);
+        let reset = response.statuses[0].duration_until_reset.expect("a reset");
+        assert!(reset.seconds > 0 && reset.seconds <= 86_400, "{reset:?}");
+    }
+    let stats = redis.command(&["INFO", "commandstats"]);
+    assert!(
+        !stats.contains("cmdstat_evalsha"),
+        "over-limit answers called redis:\n{stats}"
+    );
+
+    // A check (hits_addend 0) still asks Redis.
+    let mut check = req.clone();
+    check.descriptors[0].hits_addend = Some(pbjson_types::UInt64Value { value: 0 });
+    client.should_rate_limit(check).await.unwrap();
+    assert!(
+        redis
+            .command(&["INFO", "commandstats"])
+            .contains("cmdstat_evalsha:calls=1,")
+    );
+}

@@ -6,6 +6,7 @@
 
 pub mod breaker;
 pub mod memory;
+mod over_limit;
 pub mod redis;
 
 use std::borrow::Cow;
@@ -14,6 +15,7 @@ use std::sync::Arc;
 pub use breaker::Breaker;
 use breaker::{Admission, BreakerState};
 pub use memory::MemoryBackend;
+pub use over_limit::OverLimitCache;
 pub use redis::{RedisBackend, RedisClusterBackend, RedisOptions};
 
 use crate::limiter::{CounterKey, Decision, Hits, Limit};
@@ -74,11 +76,13 @@ impl Store {
     }
 }
 
-/// The configured counter store, behind a circuit breaker when it is remote.
+/// The configured counter store; a remote one sits behind a circuit breaker and a cache of
+/// the counters it reported exhausted.
 #[derive(Clone)]
 pub struct Backend {
     store: Store,
     breaker: Option<Arc<Breaker>>,
+    over_limit: Option<Arc<OverLimitCache>>,
 }
 
 impl Backend {
@@ -86,21 +90,61 @@ impl Backend {
         Backend {
             store: Store::Memory(memory),
             breaker: None,
+            over_limit: None,
         }
     }
 
-    /// A remote store behind `breaker`.
-    pub fn remote(store: Store, breaker: Breaker) -> Self {
+    /// A remote store behind `breaker` and `over_limit`.
+    pub fn remote(store: Store, breaker: Breaker, over_limit: OverLimitCache) -> Self {
         Backend {
             store,
             breaker: Some(Arc::new(breaker)),
+            over_limit: Some(Arc::new(over_limit)),
         }
     }
 
     /// Applies every hit and answers each, in order. A remote backend may fail some or all
-    /// of them; the caller applies each rule's `on_backend_error`. While the breaker is
-    /// open every hit fails at once.
+    /// of them; the caller applies each rule's `on_backend_error`. Counters known to be
+    /// exhausted are answered without the backend; while the breaker is open every other
+    /// hit fails at once.
     pub async fn hit_all(&self, hits: &[CounterHit<'_>]) -> Vec<Result<Decision, BackendError>> {
+        let Some(cache) = &self.over_limit else {
+            return self.call(hits).await;
+        };
+        let cached: Vec<Option<Decision>> = hits
+            .iter()
+            .map(|hit| cache.answer(&hit.key, hit.hits))
+            .collect();
+        let results = if cached.iter().all(Option::is_none) {
+            self.call(hits).await
+        } else {
+            let pending: Vec<CounterHit<'_>> = hits
+                .iter()
+                .zip(&cached)
+                .filter(|(_, answer)| answer.is_none())
+                .map(|(hit, _)| hit.clone())
+                .collect();
+            let mut fetched = self.call(&pending).await.into_iter();
+            cached
+                .into_iter()
+                .map(|answer| match answer {
+                    Some(decision) => Ok(decision),
+                    None => fetched.next().unwrap_or_else(|| {
+                        Err(BackendError::Protocol("fewer answers than calls".into()))
+                    }),
+                })
+                .collect()
+        };
+        for (hit, result) in hits.iter().zip(&results) {
+            if let Ok(decision) = result {
+                cache.observe(&hit.key, decision);
+            }
+        }
+        results
+    }
+
+    /// The store's answers, through the breaker when there is one.
+    async fn call(&self, hits: &[CounterHit<'_>]) -> Vec<Result<Decision, BackendError>> {
         let Some(breaker) = &self.breaker else {
             return self.store.hit_all(hits).await;
         };

@@ -1,0 +1,184 @@
+//! Counters a remote backend reported exhausted, remembered until their quota comes back, so
+//! that hot over-limit keys — the ones an abusive client hammers — cost no Redis call.
+//!
+//! Only exhausted counters are remembered (remaining 0 after a rejection): until the next
+//! unit of quota returns, every hit that costs something would be rejected, so the local
+//! answer is the one Redis would give. What this replica cannot see: another replica's
+//! give-back (`is_negative_hits`) returning quota early; a give-back through this replica
+//! forgets the entry. The cache is bounded: when full, expired entries are dropped, and if
+//! none has expired the new entry is not remembered.
+
+use std::collections::HashMap;
+use std::hash::BuildHasher;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+
+use foldhash::fast::RandomState;
+
+use crate::clock::Clock;
+use crate::limiter::{CounterKey, Decision, Hits};
+
+const SHARDS: usize = 16;
+
+/// Exhausted counters and when each gets quota back (µs since the epoch).
+pub struct OverLimitCache {
+    shards: Box<[Mutex<HashMap<CounterKey, u64, RandomState>>]>,
+    hasher: RandomState,
+    capacity_per_shard: usize,
+    clock: Arc<dyn Clock>,
+}
+
+impl OverLimitCache {
+    /// A cache of at most `capacity` counters (0 disables it).
+    pub fn new(capacity: usize, clock: Arc<dyn Clock>) -> Self {
+        OverLimitCache {
+            shards: (0..SHARDS)
+                .map(|_| Mutex::new(HashMap::with_hasher(RandomState::default())))
+                .collect(),
+            hasher: RandomState::default(),
+            capacity_per_shard: capacity.div_ceil(SHARDS),
+            clock,
+        }
+    }
+
+    /// The answer for `hits` on `key` if the key is known to be exhausted: a rejection with
+    /// the time until its quota returns. Checks and give-backs always go to the backend.
+    pub fn answer(&self, key: &CounterKey, hits: Hits) -> Option<Decision> {
+        if self.capacity_per_shard == 0 {
+            return None;
+        }
+        let mut shard = self.shard(key);
+        if hits.negative {
+            shard.remove(key);
+            return None;
+        }
+        if hits.amount == 0 {
+            return None;
+        }
+        let until = *shard.get(key)?;
+        let now = self.clock.now_micros();
+        if until <= now {
+            shard.remove(key);
+            return None;
+        }
+        Some(Decision {
+            allowed: false,
+            remaining: 0,
+            reset_micros: until - now,
+        })
+    }
+
+    /// Remembers `key` when the backend's `decision` says it is exhausted.
+    pub fn observe(&self, key: &CounterKey, decision: &Decision) {
+        if self.capacity_per_shard == 0
+            || decision.allowed
+            || decision.remaining > 0
+            || decision.reset_micros == 0
+        {
+            return;
+        }
+        let now = self.clock.now_micros();
+        let mut shard = self.shard(key);
+        if shard.len() >= self.capacity_per_shard && !shard.contains_key(key) {
+            shard.retain(|_, until| *until > now);
+            if shard.len() >= self.capacity_per_shard {
+                return;
+            }
+        }
+        shard.insert(key.clone(), now.saturating_add(decision.reset_micros));
+    }
+
+    /// How many counters are remembered.
+    pub fn len(&self) -> usize {
+        self.shards.iter().map(|shard| lock(shard).len()).sum()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    fn shard(&self, key: &CounterKey) -> MutexGuard<'_, HashMap<CounterKey, u64, RandomState>> {
+        let index = usize::try_from(self.hasher.hash_one(key)).unwrap_or(0) % SHARDS;
+        lock(&self.shards[index])
+    }
+}
+
+/// The map holds plain data; a panic elsewhere while it was locked leaves it usable.
+fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::clock::ManualClock;
+    use crate::limiter::{Limit, Unit};
+
+    fn key(name: &str) -> CounterKey {
+        CounterKey::new("d", "d.k", 0, &Limit::per(1, Unit::Second), [("k", name)])
+    }
+
+    fn exhausted(reset_micros: u64) -> Decision {
+        Decision {
+            allowed: false,
+            remaining: 0,
+            reset_micros,
+        }
+    }
+
+    fn cache(capacity: usize) -> (Arc<ManualClock>, OverLimitCache) {
+        let clock = Arc::new(ManualClock::new(1_000_000));
+        (clock.clone(), OverLimitCache::new(capacity, clock))
+    }
+
+    #[test]
+    fn an_exhausted_counter_is_rejected_locally_until_its_quota_returns() {
+        let (clock, cache) = cache(100);
+        cache.observe(&key("a"), &exhausted(500));
+        assert_eq!(cache.answer(&key("a"), Hits::take(1)), Some(exhausted(500)));
+        clock.advance(200);
+        assert_eq!(cache.answer(&key("a"), Hits::take(1)), Some(exhausted(300)));
+        clock.advance(300);
+        assert_eq!(cache.answer(&key("a"), Hits::take(1)), None);
+        assert!(cache.is_empty());
+    }
+
+    #[test]
+    fn a_rejection_with_quota_left_is_not_remembered() {
+        let (_, cache) = cache(100);
+        let expensive = Decision {
+            allowed: false,
+            remaining: 3,
+            reset_micros: 500,
+        };
+        cache.observe(&key("a"), &expensive);
+        assert_eq!(cache.answer(&key("a"), Hits::take(1)), None);
+    }
+
+    #[test]
+    fn checks_go_to_the_backend_and_give_backs_forget_the_entry() {
+        let (_, cache) = cache(100);
+        cache.observe(&key("a"), &exhausted(500));
+        assert_eq!(cache.answer(&key("a"), Hits::take(0)), None);
+        assert_eq!(cache.answer(&key("a"), Hits::give_back(1)), None);
+        assert_eq!(cache.answer(&key("a"), Hits::take(1)), None);
+    }
+
+    #[test]
+    fn a_full_cache_makes_room_only_from_expired_entries() {
+        let (clock, cache) = cache(SHARDS);
+        for i in 0..10 * SHARDS {
+            cache.observe(&key(&i.to_string()), &exhausted(100));
+        }
+        assert!(cache.len() <= SHARDS, "{}", cache.len());
+        clock.advance(100);
+        cache.observe(&key("fresh"), &exhausted(100));
+        assert!(cache.answer(&key("fresh"), Hits::take(1)).is_some());
+    }
+
+    #[test]
+    fn capacity_zero_disables_the_cache() {
+        let (_, cache) = cache(0);
+        cache.observe(&key("a"), &exhausted(500));
+        assert_eq!(cache.answer(&key("a"), Hits::take(1)), None);
+    }
+}
