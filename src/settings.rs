@@ -86,7 +86,7 @@ pub struct Settings {
     /// `redis://[user:password@]host:port[/db]` for the redis backend; for redis-cluster a
     /// comma-separated list of seed nodes.
     pub redis_url: String,
-    /// Pooled connections to Redis.
+    /// Connections to Redis; each is multiplexed, shared by every request in flight on it.
     pub redis_pool_size: usize,
     /// Milliseconds to open a connection to Redis.
     pub redis_connect_timeout_ms: u64,
@@ -150,7 +150,7 @@ impl Default for Settings {
             rules: PathBuf::from("examples/rules"),
             backend: BackendKind::Memory,
             redis_url: "redis://127.0.0.1:6379".into(),
-            redis_pool_size: 32,
+            redis_pool_size: 4,
             redis_connect_timeout_ms: 250,
             redis_command_timeout_ms: 15,
             redis_key_prefix: "floodgate:".into(),

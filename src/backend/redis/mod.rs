@@ -1,6 +1,13 @@
 //! Counters in Redis: one Lua script call per counter, every call of a request in one
-//! pipeline on one pooled connection, so a request costs one round trip whatever its number
-//! of descriptors.
+//! pipeline on one connection, so a request costs one round trip whatever its number of
+//! descriptors.
+//!
+//! Connections: deadpool-redis creates and verifies them; the backend then takes a few out
+//! of the pool for good and hands them out round-robin. Each is a multiplexed connection,
+//! shared by every request in flight on it (their pipelines interleave on one socket), so a
+//! request never waits for a checkout — deadpool's recycle check costs a round trip of its
+//! own (UNWATCH + PING) on every checkout, which measured as three Redis commands per
+//! decision instead of one. A connection that breaks is dropped and replaced from the pool.
 //!
 //! Scripts are loaded once (SCRIPT LOAD) and called by EVALSHA. A server that lost them
 //! (restart, failover, SCRIPT FLUSH) answers NOSCRIPT for exactly the calls it did not run;
@@ -14,9 +21,13 @@ pub mod script;
 
 pub use cluster::RedisClusterBackend;
 
-use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
+use deadpool_redis::redis::IntoConnectionInfo;
+use deadpool_redis::redis::aio::MultiplexedConnection;
+use deadpool_redis::redis::io::tcp::TcpSettings;
 use deadpool_redis::{Pool, Runtime, redis};
 
 use crate::backend::{BackendError, CounterHit};
@@ -42,6 +53,9 @@ pub struct RedisOptions {
 /// One standalone Redis server (or a primary behind a single address).
 pub struct RedisBackend {
     pool: Pool,
+    /// `pool_size` long-lived multiplexed connections, filled from `pool` on demand.
+    connections: Box<[Mutex<Option<MultiplexedConnection>>]>,
+    next: AtomicUsize,
     scripts: Scripts,
     options: RedisOptions,
     /// This process's clock: only for calendar window boundaries; decisions use Redis time.
@@ -59,9 +73,18 @@ impl RedisBackend {
                 options.key_prefix
             )));
         }
-        let pool = deadpool_redis::Config::from_url(options.url.clone())
-            .builder()
+        // TCP_NODELAY: redis-rs leaves Nagle on, which holds each small pipeline back until
+        // the previous one is acknowledged (measured: 14k decisions/s and p50 4 ms, with the
+        // server and Redis both mostly idle).
+        let connection = options
+            .url
+            .as_str()
+            .into_connection_info()
             .map_err(|e| BackendError::Config(format!("redis url {:?}: {e}", options.url)))?
+            .set_tcp_settings(TcpSettings::default().set_nodelay(true));
+        let manager = deadpool_redis::Manager::new(connection)
+            .map_err(|e| BackendError::Config(format!("redis url {:?}: {e}", options.url)))?;
+        let pool = Pool::builder(manager)
             .max_size(options.pool_size.max(1))
             .wait_timeout(Some(options.command_timeout))
             .create_timeout(Some(options.connect_timeout))
@@ -71,6 +94,10 @@ impl RedisBackend {
             .map_err(|e| BackendError::Config(format!("redis pool: {e}")))?;
         Ok(RedisBackend {
             pool,
+            connections: (0..options.pool_size.max(1))
+                .map(|_| Mutex::new(None))
+                .collect(),
+            next: AtomicUsize::new(0),
             scripts: Scripts::new(),
             options,
             clock,
@@ -92,33 +119,46 @@ impl RedisBackend {
 
     /// Loads every script on the server (once at start-up; NOSCRIPT reloads them too).
     pub async fn load_scripts(&self) -> Result<(), BackendError> {
-        let mut connection = self.connection().await?;
-        load_scripts(&mut connection, &self.scripts).await
+        let (slot, mut connection) = self.connection().await?;
+        let result = load_scripts(&mut connection, &self.scripts).await;
+        if result.is_err() {
+            *lock(&self.connections[slot]) = None;
+        }
+        result
     }
 
-    async fn connection(&self) -> Result<deadpool_redis::Connection, BackendError> {
-        self.pool
+    /// The next connection, round-robin; an empty slot is filled from the pool.
+    async fn connection(&self) -> Result<(usize, MultiplexedConnection), BackendError> {
+        let slot = self.next.fetch_add(1, Ordering::Relaxed) % self.connections.len();
+        if let Some(connection) = lock(&self.connections[slot]).clone() {
+            return Ok((slot, connection));
+        }
+        let pooled = self
+            .pool
             .get()
             .await
-            .map_err(|e| BackendError::Unavailable(format!("redis connection: {e}")))
+            .map_err(|e| BackendError::Unavailable(format!("redis connection: {e}")))?;
+        let connection = deadpool_redis::Connection::take(pooled);
+        *lock(&self.connections[slot]) = Some(connection.clone());
+        Ok((slot, connection))
     }
 
     async fn exchange(
         &self,
         hits: &[CounterHit<'_>],
     ) -> Result<Vec<Result<Decision, BackendError>>, BackendError> {
-        let mut connection = self.connection().await?;
+        let (slot, mut connection) = self.connection().await?;
         let calls: Vec<Call<'_>> = hits
             .iter()
             .map(|hit| Call::new(&self.options.key_prefix, hit))
             .collect();
-        run_calls(
-            &mut connection,
-            &self.scripts,
-            &calls,
-            self.clock.now_micros(),
-        )
-        .await
+        let now = self.clock.now_micros();
+        let result = run_calls(&mut connection, &self.scripts, &calls, now).await;
+        if result.is_err() {
+            // Possibly a dead socket: the next request on this slot gets a fresh connection.
+            *lock(&self.connections[slot]) = None;
+        }
+        result
     }
 }
 
@@ -201,6 +241,11 @@ pub(crate) async fn load_scripts<C: redis::aio::ConnectionLike>(
         script.load_async(connection).await.map_err(unavailable)?;
     }
     Ok(())
+}
+
+/// A slot holds a handle only; a panic elsewhere while it was locked leaves it usable.
+fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
 fn is_noscript(reply: &redis::Value) -> bool {
