@@ -18,7 +18,7 @@ local function store(expires_at, ...)
     return
   end
   redis.call('HSET', key, ...)
-  redis.call('PEXPIRE', key, int(math.ceil((expires_at - now) / 1000)))
+  redis.call('PEXPIRE', key, ttl_millis(expires_at))
 end
 
 -- The end of the window containing now: epoch-aligned multiples of the window length, or the

@@ -19,7 +19,7 @@ local function store(tat)
     redis.call('DEL', key)
     return
   end
-  redis.call('SET', key, int(tat), 'PX', int(math.ceil((tat - now) / 1000)))
+  redis.call('SET', key, int(tat), 'PX', ttl_millis(tat))
 end
 
 -- min(B, (now + B*T - tat) / T), 0 when the TAT is more than a whole burst ahead (possible

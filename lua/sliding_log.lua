@@ -28,7 +28,7 @@ local function expire()
     redis.call('DEL', key, seq_key)
     return
   end
-  local ttl = int(math.ceil((newest + window_micros - now) / 1000))
+  local ttl = ttl_millis(newest + window_micros)
   redis.call('PEXPIRE', key, ttl)
   redis.call('PEXPIRE', seq_key, ttl)
 end

@@ -19,7 +19,7 @@ local function store(expires_at, ...)
     return
   end
   redis.call('HSET', key, ...)
-  redis.call('PEXPIRE', key, int(math.ceil((expires_at - now) / 1000)))
+  redis.call('PEXPIRE', key, ttl_millis(expires_at))
 end
 
 -- The part of a window count of `count` that still weighs `elapsed` µs into the next window.

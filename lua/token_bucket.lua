@@ -20,7 +20,7 @@ local function store(expires_at, ...)
     return
   end
   redis.call('HSET', key, ...)
-  redis.call('PEXPIRE', key, int(math.ceil((expires_at - now) / 1000)))
+  redis.call('PEXPIRE', key, ttl_millis(expires_at))
 end
 
 -- The (tokens, last) after adding the whole intervals elapsed since `last`. A full bucket
