@@ -106,7 +106,8 @@ async fn every_written_key_expires_just_after_its_state_stops_mattering() {
                     assert_eq!(ttl, -2, "{at}: no state, so no key");
                 } else {
                     // A test-supplied clock gets a minute of slack (lua/prelude.lua).
-                    let life_ms = i64::try_from(life_ms).expect("a short life") + SUPPLIED_CLOCK_SLACK_MS;
+                    let life_ms =
+                        i64::try_from(life_ms).expect("a short life") + SUPPLIED_CLOCK_SLACK_MS;
                     assert!(
                         ttl > 0 && ttl <= life_ms && ttl > life_ms - SLACK_MS,
                         "{at}: PTTL {ttl} ms, state useful for {life_ms} ms"

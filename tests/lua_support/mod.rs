@@ -4,11 +4,12 @@
 #![allow(dead_code)]
 
 use deadpool_redis::redis;
+use deadpool_redis::redis::aio::ConnectionLike;
 use floodgate::backend::redis::script::{ScriptClock, Scripts, add_call, decision};
 use floodgate::limiter::{Decision, Hits, Limit};
 
-/// SCRIPT LOADs every script, so EVALSHA finds them.
-pub async fn load(connection: &mut redis::aio::MultiplexedConnection, scripts: &Scripts) {
+/// SCRIPT LOADs every script, so EVALSHA finds them (on a cluster connection: on every node).
+pub async fn load<C: ConnectionLike>(connection: &mut C, scripts: &Scripts) {
     for script in scripts.all() {
         script
             .load_async(connection)
@@ -18,8 +19,8 @@ pub async fn load(connection: &mut redis::aio::MultiplexedConnection, scripts: &
 }
 
 /// One hit on the counter `key` at `now` (also the local clock for calendar windows).
-pub async fn hit(
-    connection: &mut redis::aio::MultiplexedConnection,
+pub async fn hit<C: ConnectionLike>(
+    connection: &mut C,
     scripts: &Scripts,
     key: &str,
     limit: &Limit,
@@ -39,8 +40,8 @@ pub async fn hit(
 }
 
 /// One hit through `add_call` and `decision`, as the Redis backend makes it.
-pub async fn call(
-    connection: &mut redis::aio::MultiplexedConnection,
+pub async fn call<C: ConnectionLike>(
+    connection: &mut C,
     scripts: &Scripts,
     key: &str,
     limit: &Limit,

@@ -2,8 +2,11 @@
 //! free loopback port, with no persistence, in a temporary directory, and the server is
 //! killed and reaped when the handle is dropped. No test depends on a Redis someone left
 //! running, and tests never share one (a test that flushes scripts cannot disturb another).
+//! [`cluster::RedisCluster`] starts six of them as a three-primary, three-replica cluster.
 
 #![allow(dead_code)]
+
+pub mod cluster;
 
 use std::net::TcpListener;
 use std::path::PathBuf;

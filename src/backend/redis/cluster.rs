@@ -1,38 +1,412 @@
-//! STUB — to be replaced: counters in a Redis Cluster.
+//! Counters in a Redis Cluster: the same keys, scripts and replies as the standalone backend,
+//! each script call routed by its key's hash tag to the primary that owns the key's slot.
+//!
+//! **One call per pipeline, all calls at once.** The calls of a request go out together on
+//! the multiplexed cluster connection, each node's calls on that node's socket, so a request
+//! costs one round trip of wall time. Each call is its own pipeline because a redirect
+//! (MOVED, ASK, TRYAGAIN) answers per command: in a pipeline of several counters in a slot
+//! being migrated, one script could run on the source while another is redirected, and
+//! resending the pipeline would count the first twice.
+//!
+//! **Redirects are followed here, exactly once per call.** A redirect means the call did not
+//! run, so the call alone is sent again: to the node an ASK names, preceded by ASKING in the
+//! same pipeline (the redis crate sends ASKING as a request of its own on the node's shared
+//! connection, where another request's command can use it up first, and the call then
+//! bounces between the two nodes); to the node a MOVED names; after a short pause for
+//! TRYAGAIN, CLUSTERDOWN and the like. A connection error is not resent: the call may have
+//! run. The crate's own retries are therefore off; it still refreshes its slot map and
+//! reconnects by itself.
+//!
+//! **Bounded.** One deadline, `command_timeout` from the start of the request, bounds every
+//! wait: the connection, each call and its redirects. A call that misses it fails alone, so
+//! counters on healthy primaries still answer while one primary fails over.
+//!
+//! **One connection.** A cluster connection multiplexes every request over one connection per
+//! node and repairs itself, so it is shared rather than pooled: a pool would check every
+//! connection out with a PING to every primary, a second round trip per request. `pool_size`
+//! does not apply here. Should the connection itself stop working (its driver task gone), the
+//! circuit breaker's probe, which runs only while requests keep failing, drops it and the
+//! next caller opens a new one.
 
 use std::sync::Arc;
+use std::time::Duration;
+
+use arc_swap::ArcSwapOption;
+use deadpool_redis::redis;
+use redis::cluster::{ClusterClient, ClusterClientBuilder};
+use redis::cluster_async::ClusterConnection;
+use redis::cluster_routing::SingleNodeRoutingInfo;
+use redis::{ErrorKind, RedisError, RedisResult, ServerErrorKind, Value};
+use tokio::time::{Instant, timeout_at};
 
 use crate::backend::{BackendError, CounterHit};
 use crate::clock::Clock;
 use crate::limiter::Decision;
 
-use super::RedisOptions;
+use super::script::{self, ScriptClock};
+use super::{Call, RedisOptions, Scripts, is_noscript, load_scripts, reply_to_result, unavailable};
+
+/// The first pause before resending a call the cluster could not take yet (TRYAGAIN,
+/// CLUSTERDOWN, a node being reconnected); it doubles up to [`LONGEST_PAUSE`].
+const FIRST_PAUSE: Duration = Duration::from_millis(5);
+const LONGEST_PAUSE: Duration = Duration::from_millis(100);
 
 /// A Redis Cluster reached through a list of seed nodes.
 pub struct RedisClusterBackend {
-    _clock: Arc<dyn Clock>,
+    client: ClusterClient,
+    /// Opened on first use, then kept: it follows topology changes by itself.
+    connection: ArcSwapOption<ClusterConnection>,
+    /// Held while opening a connection, so concurrent callers open one, not one each.
+    connecting: tokio::sync::Mutex<()>,
+    scripts: Scripts,
+    options: RedisOptions,
+    /// This process's clock: only for calendar window boundaries; decisions use Redis time.
+    clock: Arc<dyn Clock>,
 }
 
 impl RedisClusterBackend {
-    /// `options.url` is a comma-separated list of seed node URLs.
-    pub fn new(_options: RedisOptions, clock: Arc<dyn Clock>) -> Result<Self, BackendError> {
-        Ok(RedisClusterBackend { _clock: clock })
+    /// `options.url` is a comma-separated list of seed node URLs; any reachable one reveals
+    /// the whole cluster. No connection is made yet: a cluster that is down at start-up is
+    /// a backend failure for the requests, not a reason to refuse to start.
+    pub fn new(options: RedisOptions, clock: Arc<dyn Clock>) -> Result<Self, BackendError> {
+        if options.key_prefix.contains(['{', '}']) {
+            return Err(BackendError::Config(format!(
+                "redis key prefix {:?} must not contain '{{' or '}}'",
+                options.key_prefix
+            )));
+        }
+        let seeds = seeds(&options.url)?;
+        let client = ClusterClientBuilder::new(seeds)
+            .connection_timeout(options.connect_timeout)
+            .retries(0)
+            .build()
+            .map_err(|e| BackendError::Config(format!("redis cluster {:?}: {e}", options.url)))?;
+        Ok(RedisClusterBackend {
+            client,
+            connection: ArcSwapOption::empty(),
+            connecting: tokio::sync::Mutex::new(()),
+            scripts: Scripts::new(),
+            options,
+            clock,
+        })
     }
 
-    /// Applies every hit, in order, within the command timeout.
+    /// Applies every hit, in order, each within the command timeout of this request.
     pub async fn hit_all(&self, hits: &[CounterHit<'_>]) -> Vec<Result<Decision, BackendError>> {
-        vec![
-            Err(BackendError::Config(
-                "redis-cluster is not built yet".into()
-            ));
-            hits.len()
-        ]
+        if hits.is_empty() {
+            return Vec::new();
+        }
+        let timeout = self.options.command_timeout;
+        let deadline = Instant::now() + timeout;
+        let connection = match timeout_at(deadline, self.connection()).await {
+            Ok(Ok(connection)) => connection,
+            Ok(Err(error)) => return vec![Err(error); hits.len()],
+            Err(_) => return vec![Err(BackendError::Timeout(timeout)); hits.len()],
+        };
+        let local_now = self.clock.now_micros();
+        let calls: Vec<Call<'_>> = hits
+            .iter()
+            .map(|hit| Call::new(&self.options.key_prefix, hit))
+            .collect();
+        futures_util::future::join_all(calls.iter().map(|call| {
+            let connection = connection.clone();
+            async move {
+                match timeout_at(deadline, self.run_call(connection, call, local_now)).await {
+                    Ok(result) => result,
+                    Err(_) => Err(BackendError::Timeout(timeout)),
+                }
+            }
+        }))
+        .await
     }
 
-    /// Loads every script on every primary.
+    /// One call, sent again after each redirect until it runs (a redirect means it did not)
+    /// and again once after a NOSCRIPT, with the scripts loaded. The caller's deadline ends
+    /// the loop.
+    async fn run_call(
+        &self,
+        mut connection: ClusterConnection,
+        call: &Call<'_>,
+        local_now: u64,
+    ) -> Result<Decision, BackendError> {
+        let mut target = None;
+        let mut pause = FIRST_PAUSE;
+        let mut reloaded = false;
+        loop {
+            match self
+                .send(&mut connection, call, local_now, target.as_ref())
+                .await
+            {
+                Ok(reply) if is_noscript(&reply) && !reloaded => {
+                    tracing::info!("a redis cluster node lost its scripts; loading them again");
+                    load_scripts(&mut connection, &self.scripts).await?;
+                    reloaded = true;
+                }
+                Ok(reply) => return reply_to_result(&reply),
+                Err(error) => match Resend::after(&error) {
+                    Some(Resend::Later) => {
+                        tokio::time::sleep(pause).await;
+                        pause = (pause * 2).min(LONGEST_PAUSE);
+                        target = None;
+                    }
+                    Some(resend) => target = Some(resend),
+                    None => return Err(unavailable(error)),
+                },
+            }
+        }
+    }
+
+    /// Sends one call: routed by its key, or to the node a redirect named.
+    async fn send(
+        &self,
+        connection: &mut ClusterConnection,
+        call: &Call<'_>,
+        local_now: u64,
+        target: Option<&Resend>,
+    ) -> RedisResult<Value> {
+        let mut pipe = redis::pipe();
+        pipe.ignore_errors();
+        if let Some(Resend::Asking(_)) = target {
+            pipe.cmd("ASKING");
+        }
+        let hit = call.hit;
+        script::add_call(
+            &mut pipe,
+            &self.scripts,
+            &call.key,
+            &hit.limit,
+            hit.hits,
+            ScriptClock::Redis,
+            local_now,
+        );
+        let replies: Vec<Value> = match target {
+            Some(Resend::Asking(node) | Resend::To(node)) => {
+                let count = pipe.len();
+                connection
+                    .route_pipeline(pipe, 0, count, node.clone())
+                    .await?
+            }
+            Some(Resend::Later) | None => pipe.query_async(connection).await?,
+        };
+        // The script's reply is the last one (after ASKING's OK).
+        replies
+            .into_iter()
+            .next_back()
+            .ok_or_else(|| RedisError::from((ErrorKind::Client, "no reply to a script call")))
+    }
+
+    /// Loads every script on every node the cluster lists, replicas included: SCRIPT LOAD is
+    /// not replicated, and a replica promoted by a failover needs them (one the cluster did
+    /// not list yet gets them on its first NOSCRIPT). At start-up, and as the circuit
+    /// breaker's probe: a failure then also drops the connection, in case it is the
+    /// connection that is broken rather than the cluster.
     pub async fn load_scripts(&self) -> Result<(), BackendError> {
-        Err(BackendError::Config(
-            "redis-cluster is not built yet".into(),
-        ))
+        let bound = self.options.connect_timeout + self.options.command_timeout;
+        let load = async {
+            let mut connection = self.connection().await?;
+            load_scripts(&mut connection, &self.scripts).await
+        };
+        let result = tokio::time::timeout(bound, load)
+            .await
+            .unwrap_or(Err(BackendError::Timeout(bound)));
+        if result.is_err() {
+            self.connection.store(None);
+        }
+        result
+    }
+
+    /// The shared cluster connection, opened by the first caller that needs it. A failed or
+    /// abandoned attempt leaves it unopened for the next caller.
+    async fn connection(&self) -> Result<ClusterConnection, BackendError> {
+        if let Some(connection) = self.connection.load_full() {
+            return Ok(ClusterConnection::clone(&connection));
+        }
+        let _opening = self.connecting.lock().await;
+        if let Some(connection) = self.connection.load_full() {
+            return Ok(ClusterConnection::clone(&connection));
+        }
+        let connection = self
+            .client
+            .get_async_connection()
+            .await
+            .map_err(unavailable)?;
+        self.connection.store(Some(Arc::new(connection.clone())));
+        Ok(connection)
+    }
+}
+
+/// Where to send a call again.
+#[derive(Debug, Clone, PartialEq)]
+enum Resend {
+    /// To this node, preceded by ASKING: the slot is moving there and the key has moved.
+    Asking(SingleNodeRoutingInfo),
+    /// To this node, which owns the slot now.
+    To(SingleNodeRoutingInfo),
+    /// Wherever the slot map says, after a pause: the cluster cannot take it yet.
+    Later,
+}
+
+impl Resend {
+    /// How to resend after `error`; `None` when the call may have run (a connection error)
+    /// or will never run (any other error).
+    fn after(error: &RedisError) -> Option<Resend> {
+        let node = || {
+            let (address, _slot) = error.redirect_node()?;
+            let (host, port) = address.rsplit_once(':')?;
+            let port = port.parse().ok()?;
+            Some(SingleNodeRoutingInfo::ByAddress {
+                host: host.to_owned(),
+                port,
+            })
+        };
+        match error.kind() {
+            ErrorKind::Server(ServerErrorKind::Ask) => node().map(Resend::Asking),
+            ErrorKind::Server(ServerErrorKind::Moved) => {
+                Some(node().map_or(Resend::Later, Resend::To))
+            }
+            ErrorKind::Server(
+                ServerErrorKind::TryAgain
+                | ServerErrorKind::ClusterDown
+                | ServerErrorKind::MasterDown
+                | ServerErrorKind::BusyLoading
+                | ServerErrorKind::ReadOnly,
+            )
+            | ErrorKind::ClusterConnectionNotFound => Some(Resend::Later),
+            _ => None,
+        }
+    }
+}
+
+/// The seed URLs of a comma-separated list, blanks around them ignored.
+fn seeds(urls: &str) -> Result<Vec<&str>, BackendError> {
+    let seeds: Vec<&str> = urls
+        .split(',')
+        .map(str::trim)
+        .filter(|url| !url.is_empty())
+        .collect();
+    if seeds.is_empty() {
+        return Err(BackendError::Config(
+            "redis cluster: no seed URL in the redis url".into(),
+        ));
+    }
+    Ok(seeds)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::clock::SystemClock;
+
+    fn options(url: &str, key_prefix: &str) -> RedisOptions {
+        RedisOptions {
+            url: url.into(),
+            pool_size: 4,
+            connect_timeout: Duration::from_millis(250),
+            command_timeout: Duration::from_millis(15),
+            key_prefix: key_prefix.into(),
+        }
+    }
+
+    fn backend(url: &str, key_prefix: &str) -> Result<RedisClusterBackend, BackendError> {
+        RedisClusterBackend::new(options(url, key_prefix), Arc::new(SystemClock))
+    }
+
+    #[test]
+    fn seeds_are_the_comma_separated_urls() {
+        assert_eq!(
+            seeds(" redis://a:1/, redis://b:2/ ,,").expect("two seeds"),
+            ["redis://a:1/", "redis://b:2/"]
+        );
+        assert!(backend("redis://127.0.0.1:7000/,redis://127.0.0.1:7001/", "").is_ok());
+    }
+
+    #[test]
+    fn a_list_without_any_url_is_a_settings_error() {
+        assert!(matches!(backend(" , ", ""), Err(BackendError::Config(_))));
+    }
+
+    #[test]
+    fn a_prefix_with_a_brace_is_refused_so_the_hash_tag_stays_the_counters() {
+        let error = backend("redis://127.0.0.1:7000/", "app{1}:").err();
+        assert!(matches!(error, Some(BackendError::Config(message)) if message.contains("prefix")));
+    }
+
+    /// The error the cluster connection reports for a server's error reply `reply`.
+    fn server_error(reply: &str) -> RedisError {
+        redis::parse_redis_value(format!("-{reply}\r\n").as_bytes())
+            .and_then(Value::extract_error)
+            .expect_err("an error reply")
+    }
+
+    fn node(host: &str, port: u16) -> SingleNodeRoutingInfo {
+        SingleNodeRoutingInfo::ByAddress {
+            host: host.into(),
+            port,
+        }
+    }
+
+    #[test]
+    fn a_call_is_resent_after_a_redirect_to_the_node_it_names() {
+        assert_eq!(
+            Resend::after(&server_error("ASK 3137 127.0.0.1:7002")),
+            Some(Resend::Asking(node("127.0.0.1", 7002)))
+        );
+        assert_eq!(
+            Resend::after(&server_error("MOVED 3137 10.0.0.5:7001")),
+            Some(Resend::To(node("10.0.0.5", 7001)))
+        );
+    }
+
+    #[test]
+    fn a_call_the_cluster_could_not_take_yet_is_resent_later() {
+        for reply in [
+            "TRYAGAIN Multiple keys request during rehashing of slot",
+            "CLUSTERDOWN The cluster is down",
+            "MASTERDOWN Link with MASTER is down",
+            "LOADING Redis is loading the dataset in memory",
+            "READONLY You can't write against a read only replica.",
+        ] {
+            assert_eq!(
+                Resend::after(&server_error(reply)),
+                Some(Resend::Later),
+                "{reply}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_call_that_may_have_run_or_never_will_is_not_resent() {
+        let dropped = RedisError::from(std::io::Error::from(std::io::ErrorKind::BrokenPipe));
+        assert_eq!(Resend::after(&dropped), None);
+        assert_eq!(Resend::after(&server_error("ERR unknown command")), None);
+        assert_eq!(
+            Resend::after(&server_error("NOSCRIPT No matching script")),
+            None
+        );
+    }
+
+    #[tokio::test]
+    async fn an_unreachable_cluster_fails_every_hit_within_the_command_timeout() {
+        use crate::backend::CounterHit;
+        use crate::limiter::{CounterKey, Hits, Limit, Unit};
+        use std::borrow::Cow;
+
+        // Port 9 (discard) on loopback: nothing listens, connections are refused at once.
+        let cluster = backend("redis://127.0.0.1:9/", "").expect("valid settings");
+        let limit = Limit::per(5, Unit::Second);
+        let hit = |name: &str| CounterHit {
+            key: CounterKey::new("d", name, 0, &limit, []),
+            limit: Cow::Borrowed(&limit),
+            hits: Hits::take(1),
+        };
+        let started = std::time::Instant::now();
+        let results = cluster.hit_all(&[hit("a"), hit("b")]).await;
+        assert_eq!(results.len(), 2);
+        assert!(results.iter().all(Result::is_err), "{results:?}");
+        assert!(
+            started.elapsed() < Duration::from_secs(1),
+            "{:?}",
+            started.elapsed()
+        );
     }
 }
