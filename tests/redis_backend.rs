@@ -5,8 +5,9 @@ mod redis_harness;
 
 use std::time::{Duration, Instant};
 
+use floodgate::proto::envoy::service::ratelimit::v3::RateLimitRequest;
 use floodgate::proto::envoy::service::ratelimit::v3::rate_limit_response::Code;
-use harness::{Floodgate, descriptor, request};
+use harness::{Floodgate, admitted, descriptor, request};
 use redis_harness::RedisServer;
 
 const OK: i32 = Code::Ok as i32;
@@ -57,36 +58,9 @@ fn start(rules: &str, redis: &RedisServer) -> Floodgate {
     start_with_timeout(rules, redis, 2000)
 }
 
-/// Sends `per_task` requests from each of `tasks` concurrent tasks, alternating between
-/// `servers`; returns how many were allowed.
-async fn admitted(servers: &[&Floodgate], key: &str, tasks: usize, per_task: usize) -> usize {
-    let mut clients = Vec::new();
-    for server in servers {
-        clients.push(server.client().await);
-    }
-    let mut handles = Vec::new();
-    for task in 0..tasks {
-        let mut client = clients[task % clients.len()].clone();
-        let req = request("global", vec![descriptor(&[(key, "shared")])]);
-        handles.push(tokio::spawn(async move {
-            let mut allowed = 0;
-            for _ in 0..per_task {
-                let response = client
-                    .should_rate_limit(req.clone())
-                    .await
-                    .expect("decision");
-                if response.get_ref().overall_code == OK {
-                    allowed += 1;
-                }
-            }
-            allowed
-        }));
-    }
-    let mut total = 0;
-    for handle in handles {
-        total += handle.await.expect("task");
-    }
-    total
+/// One request on the descriptor (`key`, "shared") of the `global` domain.
+fn shared(key: &str) -> RateLimitRequest {
+    request("global", vec![descriptor(&[(key, "shared")])])
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -101,7 +75,7 @@ async fn two_servers_share_one_exact_count_for_every_algorithm() {
         "token_bucket",
         "gcra",
     ] {
-        let allowed = admitted(&[&a, &b], algorithm, 16, 8).await;
+        let allowed = admitted(&[&a, &b], &shared(algorithm), 16, 8).await;
         assert_eq!(
             allowed, 50,
             "{algorithm}: 128 requests over two servers against a limit of 50"
@@ -113,10 +87,16 @@ async fn two_servers_share_one_exact_count_for_every_algorithm() {
 async fn restarting_floodgate_mid_window_admits_nothing_extra() {
     let redis = RedisServer::start();
     let first = start(EVERY_ALGORITHM, &redis);
-    assert_eq!(admitted(&[&first], "fixed_window", 1, 30).await, 30);
+    assert_eq!(
+        admitted(&[&first], &shared("fixed_window"), 1, 30).await,
+        30
+    );
     drop(first);
     let second = start(EVERY_ALGORITHM, &redis);
-    assert_eq!(admitted(&[&second], "fixed_window", 1, 30).await, 20);
+    assert_eq!(
+        admitted(&[&second], &shared("fixed_window"), 1, 30).await,
+        20
+    );
 }
 
 #[tokio::test]

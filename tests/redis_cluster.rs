@@ -19,7 +19,7 @@ use floodgate::limiter::CounterKey;
 use floodgate::proto::envoy::service::ratelimit::v3::rate_limit_response::Code;
 use floodgate::proto::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
 use floodgate::proto::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
-use harness::{Floodgate, descriptor, request};
+use harness::{Floodgate, admitted, descriptor, request};
 use redis_harness::cluster::{Node, RedisCluster};
 
 const OK: i32 = Code::Ok as i32;
@@ -134,45 +134,13 @@ async fn every_case_holds_on_the_lua_scripts_across_the_cluster() {
     );
 }
 
-/// Sends `per_task` requests from each of `tasks` concurrent tasks, alternating between
-/// `servers`; returns how many were allowed.
-async fn admitted(servers: &[&Floodgate], key: &str, tasks: usize, per_task: usize) -> usize {
-    let mut clients = Vec::new();
-    for server in servers {
-        clients.push(server.client().await);
-    }
-    let mut handles = Vec::new();
-    for task in 0..tasks {
-        let mut client = clients[task % clients.len()].clone();
-        let req = ask_for("global", key, "shared");
-        handles.push(tokio::spawn(async move {
-            let mut allowed = 0;
-            for _ in 0..per_task {
-                let response = client
-                    .should_rate_limit(req.clone())
-                    .await
-                    .expect("decision");
-                if response.get_ref().overall_code == OK {
-                    allowed += 1;
-                }
-            }
-            allowed
-        }));
-    }
-    let mut total = 0;
-    for handle in handles {
-        total += handle.await.expect("task");
-    }
-    total
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_servers_share_one_exact_count_for_every_algorithm() {
     let cluster = RedisCluster::start();
     let a = start(EVERY_ALGORITHM, &cluster);
     let b = start(EVERY_ALGORITHM, &cluster);
     for algorithm in ALGORITHMS {
-        let allowed = admitted(&[&a, &b], algorithm, 16, 8).await;
+        let allowed = admitted(&[&a, &b], &ask_for("global", algorithm, "shared"), 16, 8).await;
         assert_eq!(
             allowed, 50,
             "{algorithm}: 128 requests over two servers against a limit of 50"

@@ -205,3 +205,40 @@ pub fn request(domain: &str, descriptors: Vec<RateLimitDescriptor>) -> RateLimit
         hits_addend: 0,
     }
 }
+
+/// Sends `per_task` copies of `req` from each of `tasks` concurrent tasks, the tasks spread
+/// over `servers`; returns how many were allowed (overall code OK).
+pub async fn admitted(
+    servers: &[&Floodgate],
+    req: &RateLimitRequest,
+    tasks: usize,
+    per_task: usize,
+) -> usize {
+    let mut clients = Vec::new();
+    for server in servers {
+        clients.push(server.client().await);
+    }
+    let mut handles = Vec::new();
+    for task in 0..tasks {
+        let mut client = clients[task % clients.len()].clone();
+        let req = req.clone();
+        handles.push(tokio::spawn(async move {
+            let mut allowed = 0;
+            for _ in 0..per_task {
+                let response = client.should_rate_limit(req.clone()).await.expect("decision");
+                if response.get_ref().overall_code
+                    == floodgate::proto::envoy::service::ratelimit::v3::rate_limit_response::Code::Ok
+                        as i32
+                {
+                    allowed += 1;
+                }
+            }
+            allowed
+        }));
+    }
+    let mut total = 0;
+    for handle in handles {
+        total += handle.await.expect("task");
+    }
+    total
+}
