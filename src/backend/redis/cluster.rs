@@ -36,6 +36,7 @@ use deadpool_redis::redis;
 use redis::cluster::{ClusterClient, ClusterClientBuilder};
 use redis::cluster_async::ClusterConnection;
 use redis::cluster_routing::SingleNodeRoutingInfo;
+use redis::io::tcp::TcpSettings;
 use redis::{ErrorKind, RedisError, RedisResult, ServerErrorKind, Value};
 use tokio::time::{Instant, timeout_at};
 
@@ -76,7 +77,9 @@ impl RedisClusterBackend {
             )));
         }
         let seeds = seeds(&options.url)?;
+        // TCP_NODELAY, as for the standalone backend: redis-rs leaves Nagle on.
         let client = ClusterClientBuilder::new(seeds)
+            .tcp_settings(TcpSettings::default().set_nodelay(true))
             .connection_timeout(options.connect_timeout)
             .retries(0)
             .build()
