@@ -7,27 +7,11 @@ use std::time::{Duration, Instant};
 
 use floodgate::proto::envoy::service::ratelimit::v3::RateLimitRequest;
 use floodgate::proto::envoy::service::ratelimit::v3::rate_limit_response::Code;
-use harness::{Floodgate, admitted, descriptor, request};
+use harness::{EVERY_ALGORITHM, Floodgate, admitted, descriptor, request};
 use redis_harness::RedisServer;
 
 const OK: i32 = Code::Ok as i32;
 const OVER_LIMIT: i32 = Code::OverLimit as i32;
-
-/// One rule per algorithm, 50 per day: no refill or window roll-over during a test.
-const EVERY_ALGORITHM: &str = "
-domain: global
-descriptors:
-  - key: fixed_window
-    rate_limit: {unit: day, requests_per_unit: 50}
-  - key: sliding_window
-    rate_limit: {unit: day, requests_per_unit: 50, algorithm: sliding_window}
-  - key: sliding_log
-    rate_limit: {unit: day, requests_per_unit: 50, algorithm: sliding_log}
-  - key: token_bucket
-    rate_limit: {unit: day, requests_per_unit: 50, algorithm: token_bucket}
-  - key: gcra
-    rate_limit: {unit: day, requests_per_unit: 50, algorithm: gcra}
-";
 
 fn redis_flags(redis: &RedisServer) -> Vec<String> {
     vec![

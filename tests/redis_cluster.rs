@@ -19,7 +19,7 @@ use floodgate::limiter::CounterKey;
 use floodgate::proto::envoy::service::ratelimit::v3::rate_limit_response::Code;
 use floodgate::proto::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
 use floodgate::proto::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
-use harness::{Floodgate, admitted, descriptor, request};
+use harness::{EVERY_ALGORITHM, Floodgate, admitted, descriptor, request};
 use redis_harness::cluster::{Node, RedisCluster};
 
 const OK: i32 = Code::Ok as i32;
@@ -32,22 +32,6 @@ const ALGORITHMS: [&str; 5] = [
     "token_bucket",
     "gcra",
 ];
-
-/// One rule per algorithm, 50 per day: no refill or window roll-over during a test.
-const EVERY_ALGORITHM: &str = "
-domain: global
-descriptors:
-  - key: fixed_window
-    rate_limit: {unit: day, requests_per_unit: 50}
-  - key: sliding_window
-    rate_limit: {unit: day, requests_per_unit: 50, algorithm: sliding_window}
-  - key: sliding_log
-    rate_limit: {unit: day, requests_per_unit: 50, algorithm: sliding_log}
-  - key: token_bucket
-    rate_limit: {unit: day, requests_per_unit: 50, algorithm: token_bucket}
-  - key: gcra
-    rate_limit: {unit: day, requests_per_unit: 50, algorithm: gcra}
-";
 
 /// A floodgate on `cluster`, with a command timeout that a debug build on a loaded machine
 /// always meets: these tests are about counting, where a timeout would be noise.

@@ -16,6 +16,23 @@ use tonic::transport::Channel;
 
 pub const BINARY: &str = env!("CARGO_BIN_EXE_floodgate");
 
+/// Rules with one descriptor per algorithm in the domain `global`, each 50 per day: no
+/// refill or window roll-over during a test, so every admission can be counted exactly.
+pub const EVERY_ALGORITHM: &str = "
+domain: global
+descriptors:
+  - key: fixed_window
+    rate_limit: {unit: day, requests_per_unit: 50}
+  - key: sliding_window
+    rate_limit: {unit: day, requests_per_unit: 50, algorithm: sliding_window}
+  - key: sliding_log
+    rate_limit: {unit: day, requests_per_unit: 50, algorithm: sliding_log}
+  - key: token_bucket
+    rate_limit: {unit: day, requests_per_unit: 50, algorithm: token_bucket}
+  - key: gcra
+    rate_limit: {unit: day, requests_per_unit: 50, algorithm: gcra}
+";
+
 /// A running floodgate server.
 pub struct Floodgate {
     child: Child,

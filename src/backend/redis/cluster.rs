@@ -70,12 +70,7 @@ impl RedisClusterBackend {
     /// the whole cluster. No connection is made yet: a cluster that is down at start-up is
     /// a backend failure for the requests, not a reason to refuse to start.
     pub fn new(options: RedisOptions, clock: Arc<dyn Clock>) -> Result<Self, BackendError> {
-        if options.key_prefix.contains(['{', '}']) {
-            return Err(BackendError::Config(format!(
-                "redis key prefix {:?} must not contain '{{' or '}}'",
-                options.key_prefix
-            )));
-        }
+        options.check_key_prefix()?;
         let seeds = seeds(&options.url)?;
         // TCP_NODELAY, as for the standalone backend: redis-rs leaves Nagle on.
         let client = ClusterClientBuilder::new(seeds)
