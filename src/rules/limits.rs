@@ -8,40 +8,27 @@ use super::yaml;
 use super::{NamedLimit, Policy};
 use crate::limiter::{Algorithm, Limit, MAX_SPAN_MICROS, Timezone, Unit};
 
-/// The keys that shape counting; none of them goes with `unlimited: true`.
-const COUNTING_KEYS: [&str; 6] = [
-    "unit",
-    "requests_per_unit",
-    "algorithm",
-    "burst",
-    "unit_multiplier",
-    "timezone",
-];
-
-/// The keys of a `rate_limits` element.
-const LIST_ELEMENT_KEYS: [&str; 8] = [
-    "unit",
-    "requests_per_unit",
-    "algorithm",
-    "burst",
-    "unit_multiplier",
-    "timezone",
-    "name",
-    "replaces",
-];
-
-/// The keys of a `rate_limit` map: a list element's, and `unlimited`.
+/// The keys of a `rate_limit` map, ordered so that the other key sets are its prefixes.
 const RATE_LIMIT_KEYS: [&str; 9] = [
+    // The keys that shape counting; none of them goes with `unlimited: true`.
     "unit",
     "requests_per_unit",
     "algorithm",
     "burst",
     "unit_multiplier",
     "timezone",
+    // The rest of a `rate_limits` element's keys.
     "name",
     "replaces",
+    // Only in a `rate_limit` map.
     "unlimited",
 ];
+
+/// The keys that shape counting.
+const COUNTING_KEYS: &[&str] = RATE_LIMIT_KEYS.split_at(6).0;
+
+/// The keys of a `rate_limits` element: a `rate_limit` map's, without `unlimited`.
+const LIST_ELEMENT_KEYS: &[&str] = RATE_LIMIT_KEYS.split_at(8).0;
 
 const UNITS: &str = "second, minute, hour, day, week, month, year";
 
@@ -158,7 +145,7 @@ fn read_one(
     let keys: &[&str] = if allow_unlimited {
         &RATE_LIMIT_KEYS
     } else {
-        &LIST_ELEMENT_KEYS
+        LIST_ELEMENT_KEYS
     };
     let errors_before = reader.errors.len();
     let fields = reader.fields(node, label, keys, rule)?;
