@@ -68,10 +68,14 @@ struct ServeArgs {
     /// Where counters live [default: memory].
     #[arg(long, value_enum)]
     backend: Option<BackendKind>,
-    /// Redis URL for the redis backend, or seed URLs (comma-separated) for redis-cluster
-    /// [default: redis://127.0.0.1:6379].
+    /// Redis URL for the redis backend, or seed URLs (comma-separated) for redis-cluster, or
+    /// sentinel URLs (comma-separated) for redis-sentinel [default: redis://127.0.0.1:6379].
     #[arg(long)]
     redis_url: Option<String>,
+    /// The name the sentinels monitor the primary under, for redis-sentinel
+    /// [default: mymaster].
+    #[arg(long)]
+    redis_sentinel_master: Option<String>,
     /// Global shadow mode: never answer OVER_LIMIT overall.
     #[arg(long, num_args = 0..=1, default_missing_value = "true")]
     shadow_mode: Option<bool>,
@@ -103,6 +107,7 @@ impl ServeArgs {
         overrides.set("http_addr", self.http_addr.clone());
         overrides.set("backend", self.backend.map(BackendKind::name));
         overrides.set("redis_url", self.redis_url.clone());
+        overrides.set("redis_sentinel_master", self.redis_sentinel_master.clone());
         overrides.set("shadow_mode", self.shadow_mode);
         overrides.set("quota_mode", self.quota_mode);
         overrides.set(
@@ -198,6 +203,12 @@ async fn serve(settings: Settings) -> anyhow::Result<()> {
         connect_timeout: Duration::from_millis(settings.redis_connect_timeout_ms),
         command_timeout: Duration::from_millis(settings.redis_command_timeout_ms),
         key_prefix: settings.redis_key_prefix.clone(),
+        username: settings.redis_username.clone(),
+        // An empty secret (a Kubernetes Secret key left blank) means no password.
+        password: (settings.redis_password.as_ref())
+            .filter(|password| !password.expose().is_empty())
+            .cloned(),
+        sentinel_master: settings.redis_sentinel_master.clone(),
     };
     // A Redis that is down at start-up is every rule's failure policy later, not a reason
     // to refuse to start: script loading failures are only logged.
@@ -211,8 +222,12 @@ async fn serve(settings: Settings) -> anyhow::Result<()> {
     let over_limit = || OverLimitCache::new(settings.redis_local_cache_size, clock.clone());
     let backend = match settings.backend {
         BackendKind::Memory => Backend::memory(memory.clone()),
-        BackendKind::Redis => {
-            let redis = RedisBackend::new(redis_options, clock.clone())?;
+        BackendKind::Redis | BackendKind::RedisSentinel => {
+            let redis = if settings.backend == BackendKind::Redis {
+                RedisBackend::new(redis_options, clock.clone())?
+            } else {
+                RedisBackend::sentinel(redis_options, clock.clone())?
+            };
             if let Err(error) = redis.load_scripts().await {
                 tracing::warn!(%error, "could not load the scripts into redis yet");
             }

@@ -6,6 +6,7 @@ use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
 
+use crate::backend::redis::Password;
 use crate::rules::OnBackendError;
 
 /// Which rate-limit headers the service adds to `response_headers_to_add`.
@@ -32,6 +33,9 @@ pub enum BackendKind {
     Redis,
     /// A Redis Cluster (`redis_url` lists seed nodes, comma-separated).
     RedisCluster,
+    /// The primary Redis Sentinel names (`redis_url` lists the sentinels, comma-separated);
+    /// followed through failovers.
+    RedisSentinel,
 }
 
 impl BackendKind {
@@ -40,6 +44,7 @@ impl BackendKind {
             BackendKind::Memory => "memory",
             BackendKind::Redis => "redis",
             BackendKind::RedisCluster => "redis-cluster",
+            BackendKind::RedisSentinel => "redis-sentinel",
         }
     }
 }
@@ -83,9 +88,16 @@ pub struct Settings {
     /// Directory of rule files.
     pub rules: PathBuf,
     pub backend: BackendKind,
-    /// `redis://[user:password@]host:port[/db]` for the redis backend; for redis-cluster a
-    /// comma-separated list of seed nodes.
+    /// `redis://[user:password@]host:port[/db]` for the redis backend (`rediss://` for TLS);
+    /// for redis-cluster a comma-separated list of seed nodes; for redis-sentinel of sentinels.
     pub redis_url: String,
+    /// Redis ACL user name; replaces the URL's when set.
+    pub redis_username: Option<String>,
+    /// Redis password; replaces the URL's when set (so it can come from a secret instead of
+    /// the URL). Never printed.
+    pub redis_password: Option<Password>,
+    /// redis-sentinel: the name the sentinels monitor the primary under.
+    pub redis_sentinel_master: String,
     /// Connections to Redis; each is multiplexed, shared by every request in flight on it.
     pub redis_pool_size: usize,
     /// Milliseconds to open a connection to Redis.
@@ -150,6 +162,9 @@ impl Default for Settings {
             rules: PathBuf::from("examples/rules"),
             backend: BackendKind::Memory,
             redis_url: "redis://127.0.0.1:6379".into(),
+            redis_username: None,
+            redis_password: None,
+            redis_sentinel_master: "mymaster".into(),
             redis_pool_size: 4,
             redis_connect_timeout_ms: 250,
             redis_command_timeout_ms: 15,
@@ -184,6 +199,10 @@ impl Overrides {
     }
 }
 
+/// Settings whose environment value is taken as written: the environment layer otherwise
+/// reads numbers and booleans, which would turn a password `0123` into `123`.
+const VERBATIM: [&str; 2] = ["redis_username", "redis_password"];
+
 impl Settings {
     /// Layers the settings file (if any), the `FLOODGATE_*` environment and `overrides` over
     /// the defaults. Nested keys use a double underscore:
@@ -201,9 +220,16 @@ impl Settings {
         env: impl IntoIterator<Item = (String, String)>,
         overrides: Overrides,
     ) -> Result<Settings, config::ConfigError> {
-        let env: config::Map<String, String> = env
+        let mut env: config::Map<String, String> = env
             .into_iter()
             .filter(|(name, _)| name.starts_with("FLOODGATE_") && name != "FLOODGATE_CONFIG")
+            .collect();
+        let verbatim: Vec<(&str, String)> = VERBATIM
+            .into_iter()
+            .filter_map(|key| {
+                let value = env.remove(&format!("FLOODGATE_{}", key.to_uppercase()))?;
+                Some((key, value))
+            })
             .collect();
         let mut builder = config::Config::builder();
         if let Some(file) = file {
@@ -216,6 +242,10 @@ impl Settings {
                 .try_parsing(true)
                 .source(Some(env)),
         );
+        // Above the file, as the rest of the environment; below the flags.
+        for (key, value) in verbatim {
+            builder = builder.set_override(key, value)?;
+        }
         for (key, value) in overrides.values {
             builder = builder.set_override(key, value)?;
         }
@@ -268,6 +298,47 @@ mod tests {
         assert_eq!(settings.http_addr.to_string(), "127.0.0.1:9100");
         assert_eq!(settings.request_limits.max_descriptors, 3);
         assert_eq!(settings.request_limits.max_entries, 4);
+    }
+
+    #[test]
+    fn redis_credentials_come_from_the_environment_as_written() {
+        let settings = Settings::load_from(
+            None,
+            env(&[
+                ("FLOODGATE_BACKEND", "redis-sentinel"),
+                ("FLOODGATE_REDIS_USERNAME", "1234"),
+                ("FLOODGATE_REDIS_PASSWORD", "0123"),
+                ("FLOODGATE_REDIS_SENTINEL_MASTER", "cache"),
+            ]),
+            Overrides::default(),
+        )
+        .unwrap();
+        assert_eq!(settings.backend, BackendKind::RedisSentinel);
+        assert_eq!(settings.redis_username.as_deref(), Some("1234"));
+        assert_eq!(settings.redis_password, Some(Password::new("0123")));
+        assert_eq!(settings.redis_sentinel_master, "cache");
+        assert!(!format!("{settings:?}").contains("0123"));
+    }
+
+    #[test]
+    fn the_environments_password_overrides_the_files() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("floodgate.toml");
+        std::fs::write(&file, "redis_password = \"from-file\"\n").unwrap();
+        let from_file = Settings::load_from(Some(&file), env(&[]), Overrides::default());
+        assert_eq!(
+            from_file.unwrap().redis_password,
+            Some(Password::new("from-file"))
+        );
+        let from_env = Settings::load_from(
+            Some(&file),
+            env(&[("FLOODGATE_REDIS_PASSWORD", "from-env")]),
+            Overrides::default(),
+        );
+        assert_eq!(
+            from_env.unwrap().redis_password,
+            Some(Password::new("from-env"))
+        );
     }
 
     #[test]

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use floodgate::proto::envoy::service::ratelimit::v3::RateLimitRequest;
 use floodgate::proto::envoy::service::ratelimit::v3::rate_limit_response::Code;
-use harness::{EVERY_ALGORITHM, Floodgate, admitted, descriptor, request};
+use harness::{EVERY_ALGORITHM, Floodgate, POLICIES, admitted, descriptor, request};
 use redis_harness::RedisServer;
 
 const OK: i32 = Code::Ok as i32;
@@ -132,22 +132,6 @@ async fn script_flush_is_survived_without_a_failed_request() {
         assert_eq!(response.get_ref().statuses[0].limit_remaining, 49 - round);
     }
 }
-
-const POLICIES: &str = "
-domain: policy
-descriptors:
-  - key: error_rule
-    rate_limit: {unit: day, requests_per_unit: 5}
-  - key: open_rule
-    on_backend_error: fail_open
-    rate_limit: {unit: day, requests_per_unit: 5}
-  - key: closed_rule
-    on_backend_error: fail_closed
-    rate_limit: {unit: day, requests_per_unit: 5}
-  - key: local_rule
-    on_backend_error: local
-    rate_limit: {unit: day, requests_per_unit: 2}
-";
 
 #[tokio::test]
 async fn a_dead_redis_gets_each_rules_failure_policy_in_bounded_time() {

@@ -33,6 +33,33 @@ descriptors:
     rate_limit: {unit: day, requests_per_unit: 50, algorithm: gcra}
 ";
 
+/// The algorithm names, as the keys of [`EVERY_ALGORITHM`].
+pub const ALGORITHMS: [&str; 5] = [
+    "fixed_window",
+    "sliding_window",
+    "sliding_log",
+    "token_bucket",
+    "gcra",
+];
+
+/// One rule per backend failure policy in the domain `policy` (the key names the policy),
+/// each 5 a day (`local_rule` 2), for tests where Redis fails.
+pub const POLICIES: &str = "
+domain: policy
+descriptors:
+  - key: error_rule
+    rate_limit: {unit: day, requests_per_unit: 5}
+  - key: open_rule
+    on_backend_error: fail_open
+    rate_limit: {unit: day, requests_per_unit: 5}
+  - key: closed_rule
+    on_backend_error: fail_closed
+    rate_limit: {unit: day, requests_per_unit: 5}
+  - key: local_rule
+    on_backend_error: local
+    rate_limit: {unit: day, requests_per_unit: 2}
+";
+
 /// A running floodgate server.
 pub struct Floodgate {
     child: Child,

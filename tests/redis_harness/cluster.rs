@@ -405,11 +405,7 @@ impl RedisCluster {
                     let _ = writeln!(report, "{}", answer.trim_end());
                 }
             }
-            let log = server.log();
-            let tail: Vec<&str> = log.lines().rev().take(15).collect();
-            for line in tail.into_iter().rev() {
-                let _ = writeln!(report, "  log: {line}");
-            }
+            report.push_str(&server.log_tail(15));
         }
         report
     }

@@ -2,11 +2,15 @@
 //! free loopback port, with no persistence, in a temporary directory, and the server is
 //! killed and reaped when the handle is dropped. No test depends on a Redis someone left
 //! running, and tests never share one (a test that flushes scripts cannot disturb another).
-//! [`cluster::RedisCluster`] starts six of them as a three-primary, three-replica cluster.
+//! [`cluster::RedisCluster`] starts six of them as a three-primary, three-replica cluster,
+//! [`sentinel::Sentinels`] a primary, a replica and three sentinels; [`Access`] makes a server
+//! TLS-only ([`tls::Certificates`]) or closed to all but one ACL user.
 
 #![allow(dead_code)]
 
 pub mod cluster;
+pub mod sentinel;
+pub mod tls;
 
 use std::net::TcpListener;
 use std::path::PathBuf;
@@ -23,11 +27,22 @@ const STARTUP: Duration = Duration::from_secs(10);
 /// the server's bind.
 const ATTEMPTS: usize = 5;
 
+/// What it takes to talk to a server: plain and open by default.
+#[derive(Debug, Clone, Default)]
+pub struct Access {
+    /// TLS only (`--port 0 --tls-port …`), with the server files of these certificates.
+    pub tls: Option<tls::ServerFiles>,
+    /// The ACL user and password the harness logs in with (the server's other options
+    /// must create that user).
+    pub user: Option<(String, String)>,
+}
+
 /// A running `redis-server`, stopped when dropped.
 pub struct RedisServer {
     child: Child,
     port: u16,
     dir: tempfile::TempDir,
+    access: Access,
 }
 
 impl RedisServer {
@@ -39,9 +54,14 @@ impl RedisServer {
     /// Starts a server with extra command-line options (`["--cluster-enabled", "yes"]`, …)
     /// after the defaults, so they can override them.
     pub fn start_with(options: &[&str]) -> RedisServer {
+        Self::start_secured(&Access::default(), options)
+    }
+
+    /// Starts a server that takes TLS only and/or one ACL user, as `access` says.
+    pub fn start_secured(access: &Access, options: &[&str]) -> RedisServer {
         let mut failures = Vec::new();
         for _ in 0..ATTEMPTS {
-            match Self::try_start(free_port(), options) {
+            match Self::try_start_as(access, free_port(), options) {
                 Ok(server) => return server,
                 Err(failure) => failures.push(failure),
             }
@@ -60,9 +80,35 @@ impl RedisServer {
     }
 
     fn try_start(port: u16, options: &[&str]) -> Result<RedisServer, String> {
+        Self::try_start_as(&Access::default(), port, options)
+    }
+
+    fn try_start_as(access: &Access, port: u16, options: &[&str]) -> Result<RedisServer, String> {
+        Self::try_start_from(None, access, port, options)
+    }
+
+    /// Starts `redis-server [config_file] --port <port> … <options>`.
+    fn try_start_from(
+        config_file: Option<&std::path::Path>,
+        access: &Access,
+        port: u16,
+        options: &[&str],
+    ) -> Result<RedisServer, String> {
         let dir = tempfile::tempdir().map_err(|e| format!("temporary directory: {e}"))?;
+        let port_option = if access.tls.is_some() {
+            "--tls-port"
+        } else {
+            "--port"
+        };
+        let tls_options = access
+            .tls
+            .as_ref()
+            .map(tls::ServerFiles::options)
+            .unwrap_or_default();
         let child = Command::new(REDIS_SERVER)
-            .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
+            .args(config_file)
+            .args([port_option, &port.to_string(), "--bind", "127.0.0.1"])
+            .args(tls_options)
             .args(["--save", "", "--appendonly", "no"])
             .arg("--dir")
             .arg(dir.path())
@@ -75,7 +121,12 @@ impl RedisServer {
             .spawn()
             .map_err(|e| format!("cannot run {REDIS_SERVER}: {e}"))?;
         // From here on, Drop stops the child whatever happens.
-        let mut server = RedisServer { child, port, dir };
+        let mut server = RedisServer {
+            child,
+            port,
+            dir,
+            access: access.clone(),
+        };
         server.wait_until_ready()?;
         Ok(server)
     }
@@ -118,9 +169,31 @@ impl RedisServer {
         self.port
     }
 
-    /// `redis://127.0.0.1:<port>/`.
+    /// `redis://127.0.0.1:<port>/`, or `rediss://` for a TLS-only server.
     pub fn url(&self) -> String {
-        format!("redis://127.0.0.1:{}/", self.port)
+        let scheme = if self.access.tls.is_some() {
+            "rediss"
+        } else {
+            "redis"
+        };
+        format!("{scheme}://127.0.0.1:{}/", self.port)
+    }
+
+    /// The URL the harness itself uses: logged in as [`Access::user`], and without checking
+    /// a TLS server's certificate (this process does not trust the test CA).
+    fn admin_url(&self) -> String {
+        let credentials = self
+            .access
+            .user
+            .as_ref()
+            .map(|(user, password)| format!("{user}:{password}@"))
+            .unwrap_or_default();
+        let (scheme, fragment) = if self.access.tls.is_some() {
+            ("rediss", "#insecure")
+        } else {
+            ("redis", "")
+        };
+        format!("{scheme}://{credentials}127.0.0.1:{}/{fragment}", self.port)
     }
 
     /// The server's working directory (a temporary directory removed on drop).
@@ -129,7 +202,7 @@ impl RedisServer {
     }
 
     pub fn client(&self) -> redis::Client {
-        redis::Client::open(self.url()).expect("a loopback URL is a valid Redis URL")
+        redis::Client::open(self.admin_url()).expect("a loopback URL is a valid Redis URL")
     }
 
     /// A new multiplexed async connection (needs a tokio runtime).
@@ -161,6 +234,19 @@ impl RedisServer {
             redis::Value::Int(n) => n.to_string(),
             other => format!("{other:?}"),
         }
+    }
+
+    /// The last `count` lines of the server's log, each as `  log: <line>`, for failure
+    /// messages.
+    pub fn log_tail(&self, count: usize) -> String {
+        let log = self.log();
+        let tail: Vec<String> = log
+            .lines()
+            .rev()
+            .take(count)
+            .map(|line| format!("  log: {line}\n"))
+            .collect();
+        tail.into_iter().rev().collect()
     }
 
     /// The server's log so far, for failure messages.

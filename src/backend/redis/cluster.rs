@@ -45,7 +45,9 @@ use crate::clock::Clock;
 use crate::limiter::Decision;
 
 use super::script::{self, ScriptClock};
-use super::{Call, RedisOptions, Scripts, is_noscript, load_scripts, reply_to_result, unavailable};
+use super::{
+    Call, RedisOptions, Scripts, is_noscript, load_scripts, redact, reply_to_result, unavailable,
+};
 
 /// The first pause before resending a call the cluster could not take yet (TRYAGAIN,
 /// CLUSTERDOWN, a node being reconnected); it doubles up to [`LONGEST_PAUSE`].
@@ -73,12 +75,19 @@ impl RedisClusterBackend {
         options.check_key_prefix()?;
         let seeds = seeds(&options.url)?;
         // TCP_NODELAY, as for the standalone backend: redis-rs leaves Nagle on.
-        let client = ClusterClientBuilder::new(seeds)
+        let mut builder = ClusterClientBuilder::new(seeds)
             .tcp_settings(TcpSettings::default().set_nodelay(true))
             .connection_timeout(options.connect_timeout)
-            .retries(0)
-            .build()
-            .map_err(|e| BackendError::Config(format!("redis cluster {:?}: {e}", options.url)))?;
+            .retries(0);
+        if let Some(username) = &options.username {
+            builder = builder.username(username);
+        }
+        if let Some(password) = &options.password {
+            builder = builder.password(password.expose());
+        }
+        let client = builder.build().map_err(|e| {
+            BackendError::Config(format!("redis cluster {:?}: {e}", redact(&options.url)))
+        })?;
         Ok(RedisClusterBackend {
             client,
             connection: ArcSwapOption::empty(),
@@ -275,17 +284,15 @@ impl Resend {
     }
 }
 
-/// The seed URLs of a comma-separated list, blanks around them ignored.
-fn seeds(urls: &str) -> Result<Vec<&str>, BackendError> {
+/// The URLs of a comma-separated list (cluster seeds, sentinels), blanks around them ignored.
+pub(super) fn seeds(urls: &str) -> Result<Vec<&str>, BackendError> {
     let seeds: Vec<&str> = urls
         .split(',')
         .map(str::trim)
         .filter(|url| !url.is_empty())
         .collect();
     if seeds.is_empty() {
-        return Err(BackendError::Config(
-            "redis cluster: no seed URL in the redis url".into(),
-        ));
+        return Err(BackendError::Config("no URL in the redis url".into()));
     }
     Ok(seeds)
 }
@@ -302,6 +309,9 @@ mod tests {
             connect_timeout: Duration::from_millis(250),
             command_timeout: Duration::from_millis(15),
             key_prefix: key_prefix.into(),
+            username: None,
+            password: None,
+            sentinel_master: "mymaster".into(),
         }
     }
 
