@@ -46,8 +46,9 @@ end
 local function hit()
   local state = redis.call('HMGET', key, 'window_end', 'count')
   local window_end = window_end()
+  local current = tonumber(state[1]) == window_end
   local count = 0
-  if tonumber(state[1]) == window_end then
+  if current then
     count = tonumber(state[2]) or 0
   end
   local allowed, next
@@ -62,7 +63,12 @@ local function hit()
     end
   end
   if next ~= count then
-    store(window_end, 'window_end', int(window_end), 'count', int(next))
+    if current then
+      -- Same window: the key already expires at its end, so the count alone changes.
+      redis.call('HSET', key, 'count', int(next))
+    else
+      store(window_end, 'window_end', int(window_end), 'count', int(next))
+    end
   end
   return { allowed and 1 or 0, math.max(0, quota - next), math.max(0, window_end - now) }
 end

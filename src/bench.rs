@@ -6,10 +6,13 @@
 //! percentiles. With `--server-pid`, the server's CPU time (user + system, from
 //! `/proc/<pid>/stat`) over the measured interval is divided by the decisions made.
 
+use std::pin::Pin;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
-use tonic::transport::{Channel, Endpoint};
+use hyper::client::conn::http2;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use tonic::codegen::http::{Request, Response, Uri};
 
 use crate::proto::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
 use crate::proto::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry;
@@ -48,19 +51,28 @@ pub struct BenchArgs {
     /// The server's process id, to report its CPU time per decision.
     #[arg(long)]
     pub server_pid: Option<u32>,
+    /// Redis processes (repeat the flag for a cluster), to report their CPU time per
+    /// decision, summed.
+    #[arg(long)]
+    pub redis_pid: Vec<u32>,
 }
 
 /// What one run measured.
 #[derive(Debug, Clone)]
 pub struct Report {
+    /// Requests answered after the warm-up.
     pub requests: u64,
+    /// Every request sent, the warm-up's included (to compare with a backend's own counts).
+    pub sent: u64,
     pub errors: u64,
     pub over_limit: u64,
     pub seconds: f64,
     pub decisions_per_request: usize,
     /// Sorted latencies of successful requests, in microseconds.
     pub latencies_micros: Vec<u32>,
-    pub server_cpu_seconds: Option<f64>,
+    /// CPU seconds spent over the measured interval, by whom: the server, Redis and the load
+    /// generator itself, each when it was measured.
+    pub cpu: Vec<(&'static str, f64)>,
 }
 
 impl Report {
@@ -81,11 +93,12 @@ impl Report {
         f64::from(self.latencies_micros[rank.min(self.latencies_micros.len() - 1)]) / 1000.0
     }
 
-    pub fn server_cpu_micros_per_decision(&self) -> Option<f64> {
-        let decisions = self.decisions();
-        self.server_cpu_seconds
-            .filter(|_| decisions > 0)
-            .map(|cpu| cpu * 1e6 / decisions as f64)
+    /// CPU microseconds per decision of each measured process.
+    pub fn cpu_micros_per_decision(&self) -> impl Iterator<Item = (&'static str, f64, f64)> {
+        let decisions = self.decisions().max(1) as f64;
+        self.cpu
+            .iter()
+            .map(move |&(who, seconds)| (who, seconds * 1e6 / decisions, seconds))
     }
 }
 
@@ -93,8 +106,8 @@ impl std::fmt::Display for Report {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         writeln!(
             f,
-            "requests     {} in {:.1} s ({} errors, {} over limit)",
-            self.requests, self.seconds, self.errors, self.over_limit
+            "requests     {} in {:.1} s ({} errors, {} over limit; {} sent with the warm-up)",
+            self.requests, self.seconds, self.errors, self.over_limit, self.sent
         )?;
         writeln!(
             f,
@@ -110,14 +123,12 @@ impl std::fmt::Display for Report {
             self.percentile_ms(0.999),
             self.percentile_ms(1.0)
         )?;
-        if let (Some(cpu), Some(per)) = (
-            self.server_cpu_seconds,
-            self.server_cpu_micros_per_decision(),
-        ) {
+        for (who, per, seconds) in self.cpu_micros_per_decision() {
             writeln!(
                 f,
-                "server CPU   {per:.2} µs per decision ({cpu:.2} s CPU, {:.2} cores)",
-                cpu / self.seconds
+                "{:<12} {per:.2} µs CPU per decision ({seconds:.2} s, {:.2} cores)",
+                who,
+                seconds / self.seconds
             )?;
         }
         Ok(())
@@ -139,15 +150,13 @@ pub async fn measure(args: &BenchArgs) -> anyhow::Result<Report> {
     if args.connections == 0 || args.concurrency == 0 || args.keys == 0 || args.descriptors == 0 {
         bail!("connections, concurrency, keys and descriptors must be at least 1");
     }
-    let mut channels = Vec::with_capacity(args.connections);
+    let origin: Uri = args
+        .addr
+        .parse()
+        .with_context(|| format!("server address {:?}", args.addr))?;
+    let mut connections = Vec::with_capacity(args.connections);
     for _ in 0..args.connections {
-        // One Endpoint::connect per channel: each is its own HTTP/2 connection.
-        let channel = Endpoint::from_shared(args.addr.clone())?
-            .tcp_nodelay(true)
-            .connect()
-            .await
-            .with_context(|| format!("connecting to {}", args.addr))?;
-        channels.push(channel);
+        connections.push(Http2::connect(&origin).await?);
     }
     let start = Instant::now();
     let measure_from = start + Duration::from_secs_f64(args.warmup);
@@ -155,35 +164,85 @@ pub async fn measure(args: &BenchArgs) -> anyhow::Result<Report> {
 
     let workers: Vec<_> = (0..args.concurrency)
         .map(|i| {
-            let client = RateLimitServiceClient::new(channels[i % channels.len()].clone());
+            let client = RateLimitServiceClient::with_origin(
+                connections[i % connections.len()].clone(),
+                origin.clone(),
+            );
             tokio::spawn(worker(client, args.clone(), measure_from, until))
         })
         .collect();
 
     tokio::time::sleep_until(measure_from.into()).await;
-    let cpu_before = args.server_pid.map(process_cpu_seconds).transpose()?;
+    let watched = Watched::new(args);
+    let cpu_before = watched.cpu_seconds()?;
     let mut totals = Tally::default();
     for worker in workers {
         totals.merge(worker.await.context("bench worker")?);
     }
-    let cpu_after = args.server_pid.map(process_cpu_seconds).transpose()?;
+    let cpu_after = watched.cpu_seconds()?;
     totals.latencies.sort_unstable();
     Ok(Report {
         requests: totals.requests,
+        sent: totals.sent,
         errors: totals.errors,
         over_limit: totals.over_limit,
         seconds: args.duration,
         decisions_per_request: args.descriptors,
         latencies_micros: totals.latencies,
-        server_cpu_seconds: cpu_before
-            .zip(cpu_after)
-            .map(|(before, after)| after - before),
+        cpu: watched
+            .names
+            .iter()
+            .zip(cpu_after.iter().zip(&cpu_before))
+            .map(|(&who, (after, before))| (who, after - before))
+            .collect(),
     })
+}
+
+/// The processes whose CPU time a run reports: the server and Redis when their pids are
+/// given, and always the load generator itself (it shares the machine with them).
+struct Watched {
+    names: Vec<&'static str>,
+    pids: Vec<Vec<u32>>,
+}
+
+impl Watched {
+    fn new(args: &BenchArgs) -> Self {
+        let mut watched = Watched {
+            names: Vec::new(),
+            pids: Vec::new(),
+        };
+        if let Some(pid) = args.server_pid {
+            watched.add("server", vec![pid]);
+        }
+        if !args.redis_pid.is_empty() {
+            watched.add("redis", args.redis_pid.clone());
+        }
+        watched.add("load gen", vec![std::process::id()]);
+        watched
+    }
+
+    fn add(&mut self, name: &'static str, pids: Vec<u32>) {
+        self.names.push(name);
+        self.pids.push(pids);
+    }
+
+    /// CPU seconds so far of each entry (its processes summed).
+    fn cpu_seconds(&self) -> anyhow::Result<Vec<f64>> {
+        self.pids
+            .iter()
+            .map(|pids| {
+                pids.iter()
+                    .map(|&pid| process_cpu_seconds(pid))
+                    .sum::<anyhow::Result<f64>>()
+            })
+            .collect()
+    }
 }
 
 #[derive(Default)]
 struct Tally {
     requests: u64,
+    sent: u64,
     errors: u64,
     over_limit: u64,
     latencies: Vec<u32>,
@@ -192,14 +251,56 @@ struct Tally {
 impl Tally {
     fn merge(&mut self, other: Tally) {
         self.requests += other.requests;
+        self.sent += other.sent;
         self.errors += other.errors;
         self.over_limit += other.over_limit;
         self.latencies.extend(other.latencies);
     }
 }
 
+/// One bare HTTP/2 connection, shared by the workers that clone it. tonic's `Channel` would
+/// put a buffer task between every request and the connection; the load generator shares
+/// the machine with the server it measures, so it spends as little CPU as it can.
+#[derive(Clone)]
+struct Http2(http2::SendRequest<tonic::body::Body>);
+
+impl Http2 {
+    async fn connect(origin: &Uri) -> anyhow::Result<Self> {
+        let authority = origin
+            .authority()
+            .with_context(|| format!("server address {origin} has no host:port"))?;
+        let tcp = tokio::net::TcpStream::connect(authority.as_str())
+            .await
+            .with_context(|| format!("connecting to {origin}"))?;
+        tcp.set_nodelay(true)?;
+        let (sender, connection) = http2::Builder::new(TokioExecutor::new())
+            .handshake(TokioIo::new(tcp))
+            .await
+            .with_context(|| format!("HTTP/2 handshake with {origin}"))?;
+        tokio::spawn(connection);
+        Ok(Http2(sender))
+    }
+}
+
+impl tower::Service<Request<tonic::body::Body>> for Http2 {
+    type Response = Response<hyper::body::Incoming>;
+    type Error = hyper::Error;
+    type Future = Pin<Box<dyn Future<Output = Result<Self::Response, Self::Error>> + Send>>;
+
+    fn poll_ready(
+        &mut self,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<(), Self::Error>> {
+        self.0.poll_ready(cx)
+    }
+
+    fn call(&mut self, request: Request<tonic::body::Body>) -> Self::Future {
+        Box::pin(self.0.send_request(request))
+    }
+}
+
 async fn worker(
-    mut client: RateLimitServiceClient<Channel>,
+    mut client: RateLimitServiceClient<Http2>,
     args: BenchArgs,
     measure_from: Instant,
     until: Instant,
@@ -225,6 +326,7 @@ async fn worker(
             return tally;
         }
         let result = client.should_rate_limit(request).await;
+        tally.sent += 1;
         if sent < measure_from {
             continue;
         }
@@ -274,17 +376,19 @@ mod tests {
     fn percentiles_come_from_sorted_latencies() {
         let report = Report {
             requests: 1000,
+            sent: 1200,
             errors: 0,
             over_limit: 0,
             seconds: 1.0,
             decisions_per_request: 1,
             latencies_micros: (1..=1000).collect(),
-            server_cpu_seconds: Some(0.5),
+            cpu: vec![("server", 0.5)],
         };
         assert_eq!(report.percentile_ms(0.5), 0.5);
         assert_eq!(report.percentile_ms(0.99), 0.99);
         assert_eq!(report.percentile_ms(1.0), 1.0);
-        assert_eq!(report.server_cpu_micros_per_decision(), Some(500.0));
+        let cpu: Vec<_> = report.cpu_micros_per_decision().collect();
+        assert_eq!(cpu, [("server", 500.0, 0.5)]);
     }
 
     #[test]

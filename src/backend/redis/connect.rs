@@ -28,8 +28,8 @@ use deadpool_redis::redis::sentinel::{
     SentinelClient, SentinelNodeConnectionInfo, SentinelServerType,
 };
 use deadpool_redis::redis::{
-    self, ConnectionAddr, ConnectionInfo, ErrorKind, IntoConnectionInfo, RedisConnectionInfo,
-    RedisError, RedisFuture, ServerErrorKind, TlsMode, Value,
+    self, AsyncConnectionConfig, ConnectionAddr, ConnectionInfo, ErrorKind, IntoConnectionInfo,
+    RedisConnectionInfo, RedisError, RedisFuture, ServerErrorKind, TlsMode, Value,
 };
 use deadpool_redis::{Pool, Runtime};
 use serde::Deserialize;
@@ -96,8 +96,9 @@ impl Source {
         };
         let info = connection_info(&options.url).map_err(|e| settings_error(&e))?;
         let redis = with_credentials(info.redis_settings().clone(), options);
-        let manager = deadpool_redis::Manager::new(info.set_redis_settings(redis))
-            .map_err(|e| settings_error(&e))?;
+        let manager =
+            deadpool_redis::Manager::new_with_config(info.set_redis_settings(redis), exchanges())
+                .map_err(|e| settings_error(&e))?;
         let pool = Pool::builder(manager)
             .max_size(options.pool_size.max(1))
             .wait_timeout(Some(options.command_timeout))
@@ -173,7 +174,10 @@ impl Sentinel {
     /// connect timeout.
     async fn connect(&self) -> Result<PrimaryConnection, BackendError> {
         let bound = self.connect_timeout;
-        let connect = async { self.client.lock().await.get_async_connection().await };
+        let connect = async {
+            let mut client = self.client.lock().await;
+            client.get_async_connection_with_config(&exchanges()).await
+        };
         match tokio::time::timeout(bound, connect).await {
             Ok(Ok(connection)) => Ok(PrimaryConnection(connection)),
             Ok(Err(e)) => Err(BackendError::Unavailable(format!(
@@ -238,6 +242,13 @@ fn refuse_replica(replies: &[Value]) -> Result<(), RedisError> {
 /// the server and Redis both mostly idle).
 fn connection_info(url: &str) -> Result<ConnectionInfo, RedisError> {
     Ok(url.into_connection_info()?.set_tcp_settings(nodelay()))
+}
+
+/// The connection's own per-command timeout (redis-rs: 500 ms) is off: the backend bounds
+/// each request's whole exchange with the command timeout already, and a second timer per
+/// command costs CPU on every decision.
+fn exchanges() -> AsyncConnectionConfig {
+    AsyncConnectionConfig::new().set_response_timeout(None)
 }
 
 fn nodelay() -> TcpSettings {
