@@ -16,22 +16,12 @@ use common::cases::cases;
 use deadpool_redis::redis;
 use floodgate::backend::redis::script::Scripts;
 use floodgate::limiter::CounterKey;
-use floodgate::proto::envoy::service::ratelimit::v3::rate_limit_response::Code;
 use floodgate::proto::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
 use floodgate::proto::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
-use harness::{EVERY_ALGORITHM, Floodgate, admitted, descriptor, request};
+use harness::{
+    ALGORITHMS, EVERY_ALGORITHM, Floodgate, OK, OVER_LIMIT, admitted, descriptor, request,
+};
 use redis_harness::cluster::{Node, RedisCluster};
-
-const OK: i32 = Code::Ok as i32;
-const OVER_LIMIT: i32 = Code::OverLimit as i32;
-
-const ALGORITHMS: [&str; 5] = [
-    "fixed_window",
-    "sliding_window",
-    "sliding_log",
-    "token_bucket",
-    "gcra",
-];
 
 /// A floodgate on `cluster`, with a command timeout that a debug build on a loaded machine
 /// always meets: these tests are about counting, where a timeout would be noise.

@@ -33,6 +33,21 @@ descriptors:
     rate_limit: {unit: day, requests_per_unit: 50, algorithm: gcra}
 ";
 
+/// The descriptor keys of [`EVERY_ALGORITHM`], one per algorithm.
+pub const ALGORITHMS: [&str; 5] = [
+    "fixed_window",
+    "sliding_window",
+    "sliding_log",
+    "token_bucket",
+    "gcra",
+];
+
+/// The overall and per-descriptor codes, as the wire carries them.
+pub const OK: i32 =
+    floodgate::proto::envoy::service::ratelimit::v3::rate_limit_response::Code::Ok as i32;
+pub const OVER_LIMIT: i32 =
+    floodgate::proto::envoy::service::ratelimit::v3::rate_limit_response::Code::OverLimit as i32;
+
 /// A running floodgate server.
 pub struct Floodgate {
     child: Child,
