@@ -8,9 +8,7 @@ mod redis_harness;
 
 use floodgate::proto::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
 use floodgate::proto::envoy::service::ratelimit::v3::RateLimitResponse;
-use harness::{
-    ALGORITHMS, EVERY_ALGORITHM, Floodgate, OK, OVER_LIMIT, admitted, descriptor, request,
-};
+use harness::{ALGORITHMS, EVERY_ALGORITHM, Floodgate, OK, OVER_LIMIT, admitted, costing, request};
 use redis_harness::RedisServer;
 
 /// A limited rule and a shadow-mode one, in the domain `shadowed`.
@@ -43,34 +41,33 @@ impl Store {
         }
     }
 
-    /// A floodgate on this store with `--consume-on-reject <consume>`, serving every
-    /// algorithm (50 per day each, domain `global`) and the `shadowed` domain.
+    /// A floodgate on this store: [`serve`].
     fn serve(&self, consume: bool) -> Floodgate {
-        let consume = consume.to_string();
-        let mut flags = vec!["--consume-on-reject".to_owned(), consume];
-        if let Store::Redis(redis) = self {
-            flags.extend(["--backend".into(), "redis".into(), "--redis-url".into()]);
-            flags.push(redis.url());
+        match self {
+            Store::Memory => serve(None, consume),
+            Store::Redis(redis) => serve(Some(redis), consume),
         }
-        let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
-        Floodgate::start_with_env(
-            &[
-                ("global.yaml", EVERY_ALGORITHM),
-                ("shadowed.yaml", SHADOWED),
-            ],
-            &flags,
-            // A timeout a debug build on a loaded machine always meets: these tests count.
-            &[("FLOODGATE_REDIS_COMMAND_TIMEOUT_MS", "2000")],
-        )
     }
 }
 
-/// The descriptor `key=value` costing `hits`.
-fn costing(key: &str, value: &str, hits: u64) -> RateLimitDescriptor {
-    RateLimitDescriptor {
-        hits_addend: Some(pbjson_types::UInt64Value { value: hits }),
-        ..descriptor(&[(key, value)])
+/// A floodgate with `--consume-on-reject <consume>`, on `redis` or else in memory, serving
+/// every algorithm (50 per day each, domain `global`) and the `shadowed` domain.
+fn serve(redis: Option<&RedisServer>, consume: bool) -> Floodgate {
+    let mut flags = vec!["--consume-on-reject".to_owned(), consume.to_string()];
+    if let Some(redis) = redis {
+        flags.extend(["--backend".into(), "redis".into(), "--redis-url".into()]);
+        flags.push(redis.url());
     }
+    let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
+    Floodgate::start_with_env(
+        &[
+            ("global.yaml", EVERY_ALGORITHM),
+            ("shadowed.yaml", SHADOWED),
+        ],
+        &flags,
+        // A timeout a debug build on a loaded machine always meets: these tests count.
+        &[("FLOODGATE_REDIS_COMMAND_TIMEOUT_MS", "2000")],
+    )
 }
 
 async fn ask(
@@ -199,19 +196,7 @@ async fn concurrent_requests_admit_exactly_and_rejected_ones_consume_nothing() {
 #[tokio::test]
 async fn a_rejection_the_over_limit_cache_knows_sends_nothing_to_redis() {
     let redis = RedisServer::start();
-    let url = redis.url();
-    let server = Floodgate::start_with_env(
-        &[("global.yaml", EVERY_ALGORITHM)],
-        &[
-            "--consume-on-reject",
-            "false",
-            "--backend",
-            "redis",
-            "--redis-url",
-            &url,
-        ],
-        &[("FLOODGATE_REDIS_COMMAND_TIMEOUT_MS", "2000")],
-    );
+    let server = serve(Some(&redis), false);
     let pair = || {
         vec![
             costing("fixed_window", "a", 1),
@@ -235,4 +220,20 @@ async fn a_rejection_the_over_limit_cache_knows_sends_nothing_to_redis() {
         "a known rejection called redis:\n{stats}"
     );
     assert_eq!(remaining(&server, "global", "fixed_window", "a").await, 50);
+}
+
+#[tokio::test]
+async fn the_all_or_nothing_script_survives_a_script_flush() {
+    let redis = RedisServer::start();
+    let server = serve(Some(&redis), false);
+    for round in 0..3 {
+        redis.command(&["SCRIPT", "FLUSH"]);
+        let pair = vec![
+            costing("gcra", "flush", 1),
+            costing("sliding_log", "flush", 1),
+        ];
+        let response = ask(&server, "global", pair).await;
+        assert_eq!(response.overall_code, OK);
+        assert_eq!(response.statuses[1].limit_remaining, 49 - round);
+    }
 }

@@ -229,6 +229,14 @@ pub fn descriptor(entries: &[(&str, &str)]) -> RateLimitDescriptor {
     }
 }
 
+/// The descriptor `key=value` with its own `hits_addend` (0 only checks).
+pub fn costing(key: &str, value: &str, hits: u64) -> RateLimitDescriptor {
+    RateLimitDescriptor {
+        hits_addend: Some(pbjson_types::UInt64Value { value: hits }),
+        ..descriptor(&[(key, value)])
+    }
+}
+
 /// A request for `domain` with `descriptors`.
 pub fn request(domain: &str, descriptors: Vec<RateLimitDescriptor>) -> RateLimitRequest {
     RateLimitRequest {

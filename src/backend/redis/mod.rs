@@ -1,6 +1,7 @@
 //! Counters in Redis: one Lua script call per counter, every call of a request in one
 //! pipeline on one connection, so a request costs one round trip whatever its number of
-//! descriptors.
+//! descriptors. With `consume_on_reject = false` a request with several hits is instead one
+//! call of the all-or-nothing script, which applies them all or none.
 //!
 //! Connections: deadpool-redis creates and verifies them; the backend then takes a few out
 //! of the pool for good and hands them out round-robin. Each is a multiplexed connection,
