@@ -82,6 +82,10 @@ struct ServeArgs {
     /// Global quota mode: every rule is a soft (quota-mode) limit.
     #[arg(long, num_args = 0..=1, default_missing_value = "true")]
     quota_mode: Option<bool>,
+    /// Whether a rejected request still counts its allowed descriptors [default: true];
+    /// false: an OVER_LIMIT request consumes nothing.
+    #[arg(long, num_args = 0..=1, default_missing_value = "true")]
+    consume_on_reject: Option<bool>,
     /// Rate-limit headers to add to responses [default: none].
     #[arg(long, value_enum)]
     response_headers: Option<HeaderStyle>,
@@ -110,6 +114,7 @@ impl ServeArgs {
         overrides.set("redis_sentinel_master", self.redis_sentinel_master.clone());
         overrides.set("shadow_mode", self.shadow_mode);
         overrides.set("quota_mode", self.quota_mode);
+        overrides.set("consume_on_reject", self.consume_on_reject);
         overrides.set(
             "response_headers",
             self.response_headers.map(|h| match h {

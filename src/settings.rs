@@ -119,6 +119,9 @@ pub struct Settings {
     pub shadow_mode: bool,
     /// Global quota mode: every rule behaves as `quota_mode: true`.
     pub quota_mode: bool,
+    /// Whether a rejected request still counts its allowed descriptors (envoyproxy/ratelimit,
+    /// the default). `false`: a request answered OVER_LIMIT consumes nothing on any counter.
+    pub consume_on_reject: bool,
     pub response_headers: HeaderStyle,
     /// Up to this many seconds, chosen at random, are added to `Retry-After`.
     pub retry_after_jitter: u32,
@@ -174,6 +177,7 @@ impl Default for Settings {
             redis_local_cache_size: 100_000,
             shadow_mode: false,
             quota_mode: false,
+            consume_on_reject: true,
             response_headers: HeaderStyle::None,
             retry_after_jitter: 0,
             dynamic_metadata: false,
@@ -294,6 +298,7 @@ mod tests {
         )
         .unwrap();
         assert!(settings.shadow_mode);
+        assert!(settings.consume_on_reject);
         assert_eq!(settings.response_headers, HeaderStyle::Draft03);
         assert_eq!(settings.http_addr.to_string(), "127.0.0.1:9100");
         assert_eq!(settings.request_limits.max_descriptors, 3);
@@ -339,6 +344,26 @@ mod tests {
             from_env.unwrap().redis_password,
             Some(Password::new("from-env"))
         );
+    }
+
+    #[test]
+    fn consume_on_reject_is_layered_like_every_setting() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("floodgate.toml");
+        std::fs::write(&file, "consume_on_reject = false\n").unwrap();
+        let load = |env_pairs: &[(&str, &str)], flag: Option<bool>| {
+            let mut overrides = Overrides::default();
+            overrides.set("consume_on_reject", flag);
+            Settings::load_from(Some(&file), env(env_pairs), overrides)
+                .unwrap()
+                .consume_on_reject
+        };
+        assert!(!load(&[], None));
+        assert!(load(&[("FLOODGATE_CONSUME_ON_REJECT", "true")], None));
+        assert!(!load(
+            &[("FLOODGATE_CONSUME_ON_REJECT", "true")],
+            Some(false)
+        ));
     }
 
     #[test]

@@ -1,13 +1,14 @@
 //! What `lua/README.md` promises beyond the decisions, checked on a real `redis-server`: every
 //! key dies just after its state's useful life, hits that change nothing write nothing, the
-//! scripts read Redis' clock and pick the calendar window of Redis' now, and a flushed script
-//! cache answers NOSCRIPT.
+//! scripts read Redis' clock and pick the calendar window of Redis' now, a flushed script
+//! cache answers NOSCRIPT, and an all-or-nothing call that is rejected leaves every key as it
+//! was, byte for byte and with its expiry.
 
 mod lua_support;
 mod redis_harness;
 
 use deadpool_redis::redis;
-use floodgate::backend::redis::script::{ScriptClock, Scripts, add_call, sequence_key};
+use floodgate::backend::redis::script::{PlannedHit, ScriptClock, Scripts, add_call, sequence_key};
 use floodgate::limiter::{
     Algorithm, Counter, CounterKey, Decision, Hits, Limit, SECOND_MICROS, Timezone, Unit,
 };
@@ -332,4 +333,153 @@ async fn a_flushed_script_cache_answers_noscript() {
         redis::ErrorKind::Server(redis::ServerErrorKind::NoScript),
         "{error}"
     );
+}
+
+/// The Redis key of the counter `test`.
+fn name(test: &str, limit: &Limit) -> String {
+    counter_key(test, limit).as_str().to_owned()
+}
+
+/// Each key's DUMP (None: no key) and absolute expiry in ms (PEXPIRETIME: unlike PTTL, it
+/// does not run down between two snapshots).
+async fn snapshot(
+    connection: &mut MultiplexedConnection,
+    keys: &[String],
+) -> Vec<(Option<Vec<u8>>, i64)> {
+    let mut states = Vec::new();
+    for key in keys {
+        let dump: Option<Vec<u8>> = redis::cmd("DUMP")
+            .arg(key)
+            .query_async(connection)
+            .await
+            .expect("DUMP");
+        let expiry: i64 = redis::cmd("PEXPIRETIME")
+            .arg(key)
+            .query_async(connection)
+            .await
+            .expect("PEXPIRETIME");
+        states.push((dump, expiry));
+    }
+    states
+}
+
+/// One hit at [`PARIS_NOV_15`].
+async fn hit_now(
+    connection: &mut MultiplexedConnection,
+    scripts: &Scripts,
+    key: &str,
+    limit: &Limit,
+    hits: Hits,
+) -> Decision {
+    lua_support::hit(connection, scripts, key, limit, hits, PARIS_NOV_15)
+        .await
+        .expect("a decision")
+}
+
+/// One hit of an all-or-nothing call, binding.
+fn planned<'a>(key: &'a str, limit: &'a Limit, hits: Hits) -> PlannedHit<'a> {
+    PlannedHit {
+        key,
+        limit,
+        hits,
+        binding: true,
+    }
+}
+
+#[tokio::test]
+async fn a_rejected_all_or_nothing_call_leaves_every_key_byte_identical_with_its_expiry() {
+    let (_server, mut connection, scripts) = start().await;
+    for algorithm in Algorithm::ALL {
+        let limit = limit(algorithm);
+        let (a, b) = (name("kept-a", &limit), name("kept-b", &limit));
+        hit_now(&mut connection, &scripts, &a, &limit, Hits::take(2)).await;
+        hit_now(&mut connection, &scripts, &b, &limit, Hits::take(4)).await;
+        let mut keys = vec![a.clone(), b.clone(), name("kept-new", &limit)];
+        if algorithm == Algorithm::SlidingLog {
+            keys.extend([sequence_key(&a), sequence_key(&b)]);
+        }
+        let before = snapshot(&mut connection, &keys).await;
+
+        let fresh = keys[2].clone();
+        let request = [
+            planned(&a, &limit, Hits::take(1)),
+            planned(&fresh, &limit, Hits::take(1)),
+            planned(&a, &limit, Hits::take(1)),
+            planned(&b, &limit, Hits::take(6)),
+        ];
+        let (applied, decisions) =
+            lua_support::all_or_nothing(&mut connection, &scripts, &request, PARIS_NOV_15 + 1_000)
+                .await
+                .expect("a reply");
+        let name = algorithm.name();
+        assert!(!applied, "{name}");
+        let allowed: Vec<bool> = decisions.iter().map(|d| d.allowed).collect();
+        assert_eq!(allowed, [true, true, true, false], "{name}");
+
+        let after = snapshot(&mut connection, &keys).await;
+        for ((key, (dump, expiry)), (dump_after, expiry_after)) in
+            keys.iter().zip(before).zip(after)
+        {
+            assert_eq!(dump, dump_after, "{name}: {key} changed");
+            assert!(
+                (expiry - expiry_after).abs() <= 1,
+                "{name}: {key} expiry {expiry} became {expiry_after}"
+            );
+        }
+        let unchanged = hit_now(&mut connection, &scripts, &a, &limit, Hits::take(0)).await;
+        assert_eq!(
+            decisions[0].remaining, unchanged.remaining,
+            "{name}: a rejected call reports the counter as it stays"
+        );
+    }
+}
+
+#[tokio::test]
+async fn an_all_or_nothing_call_that_passes_decides_as_separate_calls_in_order() {
+    let (_server, mut connection, scripts) = start().await;
+    for algorithm in Algorithm::ALL {
+        let limit = limit(algorithm);
+        let (together, apart) = (name("together", &limit), name("apart", &limit));
+        let costs = [
+            Hits::take(2),
+            Hits::take(1),
+            Hits::give_back(1),
+            Hits::take(3),
+        ];
+        let request: Vec<PlannedHit<'_>> = costs
+            .iter()
+            .map(|&hits| planned(&together, &limit, hits))
+            .collect();
+        let (applied, decisions) =
+            lua_support::all_or_nothing(&mut connection, &scripts, &request, PARIS_NOV_15)
+                .await
+                .expect("a reply");
+        assert!(applied, "{}", algorithm.name());
+        let mut separate = Vec::new();
+        for hits in costs {
+            separate.push(hit_now(&mut connection, &scripts, &apart, &limit, hits).await);
+        }
+        assert_eq!(decisions, separate, "{}", algorithm.name());
+    }
+}
+
+#[tokio::test]
+async fn a_non_binding_rejection_in_an_all_or_nothing_call_undoes_nothing() {
+    let (_server, mut connection, scripts) = start().await;
+    let limit = limit(Algorithm::FixedWindow);
+    let (a, shadow) = (name("binding-a", &limit), name("shadow", &limit));
+    let request = [
+        planned(&a, &limit, Hits::take(2)),
+        PlannedHit {
+            binding: false,
+            ..planned(&shadow, &limit, Hits::take(6))
+        },
+    ];
+    let (applied, _) =
+        lua_support::all_or_nothing(&mut connection, &scripts, &request, PARIS_NOV_15)
+            .await
+            .expect("a reply");
+    assert!(applied);
+    let left = hit_now(&mut connection, &scripts, &a, &limit, Hits::take(0)).await;
+    assert_eq!(left.remaining, 3);
 }

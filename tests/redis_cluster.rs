@@ -16,32 +16,32 @@ use common::cases::cases;
 use deadpool_redis::redis;
 use floodgate::backend::redis::script::Scripts;
 use floodgate::limiter::CounterKey;
-use floodgate::proto::envoy::service::ratelimit::v3::rate_limit_response::Code;
 use floodgate::proto::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
 use floodgate::proto::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
-use harness::{EVERY_ALGORITHM, Floodgate, admitted, descriptor, request};
+use harness::{
+    ALGORITHMS, EVERY_ALGORITHM, Floodgate, OK, OVER_LIMIT, admitted, costing, descriptor, request,
+};
 use redis_harness::cluster::{Node, RedisCluster};
-
-const OK: i32 = Code::Ok as i32;
-const OVER_LIMIT: i32 = Code::OverLimit as i32;
-
-const ALGORITHMS: [&str; 5] = [
-    "fixed_window",
-    "sliding_window",
-    "sliding_log",
-    "token_bucket",
-    "gcra",
-];
 
 /// A floodgate on `cluster`, with a command timeout that a debug build on a loaded machine
 /// always meets: these tests are about counting, where a timeout would be noise.
 fn start(rules: &str, cluster: &RedisCluster) -> Floodgate {
+    start_with(rules, cluster, &[], &[])
+}
+
+/// [`start`] with extra `serve` flags and environment.
+fn start_with(
+    rules: &str,
+    cluster: &RedisCluster,
+    flags: &[&str],
+    env: &[(&str, &str)],
+) -> Floodgate {
     let seeds = cluster.seeds();
-    Floodgate::start_with_env(
-        &[("rules.yaml", rules)],
-        &["--backend", "redis-cluster", "--redis-url", &seeds],
-        &[("FLOODGATE_REDIS_COMMAND_TIMEOUT_MS", "2000")],
-    )
+    let mut all_flags = vec!["--backend", "redis-cluster", "--redis-url", &seeds];
+    all_flags.extend_from_slice(flags);
+    let mut all_env = vec![("FLOODGATE_REDIS_COMMAND_TIMEOUT_MS", "2000")];
+    all_env.extend_from_slice(env);
+    Floodgate::start_with_env(&[("rules.yaml", rules)], &all_flags, &all_env)
 }
 
 /// One request for one counter: `key` = `value` in `domain`.
@@ -116,6 +116,33 @@ async fn every_case_holds_on_the_lua_scripts_across_the_cluster() {
         3,
         "the cases' counters live on every primary"
     );
+}
+
+/// `consume_on_reject: false` on a cluster: the counters of one request live in different
+/// slots, so a rejected request gives back what its other descriptors took, one round trip
+/// later. Once every request has been answered, the counts are exact.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rejected_request_gives_back_what_its_other_descriptors_took() {
+    let cluster = RedisCluster::start();
+    // No over-limit cache: every rejected request reaches the cluster and gives back.
+    let server = start_with(
+        EVERY_ALGORITHM,
+        &cluster,
+        &["--consume-on-reject", "false"],
+        &[("FLOODGATE_REDIS_LOCAL_CACHE_SIZE", "0")],
+    );
+    let check = |key: &str| request("global", vec![costing(key, "cheap", 0)]);
+    for key in ALGORITHMS {
+        // `dear` costs 2 and admits 25 requests; `cheap` never runs out, so every rejected
+        // request took 1 from it, and gave it back.
+        let pair = request(
+            "global",
+            vec![costing(key, "cheap", 1), costing(key, "dear", 2)],
+        );
+        assert_eq!(admitted(&[&server], &pair, 8, 8).await, 25, "{key}");
+        let left = server.ask(check(key)).await.statuses[0].limit_remaining;
+        assert_eq!(left, 25, "{key}");
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

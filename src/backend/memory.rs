@@ -13,6 +13,7 @@ use std::time::Duration;
 
 use foldhash::fast::RandomState;
 
+use crate::backend::CounterHit;
 use crate::clock::Clock;
 use crate::limiter::{Counter, CounterKey, Decision, Hits, Limit};
 
@@ -67,6 +68,40 @@ impl MemoryBackend {
         decision
     }
 
+    /// Applies every hit, in order, only if no binding hit is rejected; otherwise changes
+    /// nothing. Every counter of the request is decided under its shard's lock, all the
+    /// shards held together, so no other request sees a state between the two outcomes.
+    ///
+    /// The hits run on copies of the counters, in order (a counter named twice sees the
+    /// first hit before the second); the copies replace the counters only when the request
+    /// passes. A rejected request answers each hit with the attempt's `allowed` and the
+    /// remaining and reset of the counter as it stays (a check on the untouched state).
+    pub fn hit_all_or_nothing(&self, hits: &[CounterHit<'_>]) -> Vec<Decision> {
+        let mut locked = self.lock_all(hits);
+        let now = self.clock.now_micros();
+        let mut copies = Copies::default();
+        let attempt: Vec<Decision> = hits
+            .iter()
+            .map(|hit| copies.hit(&locked, hit, hit.hits, now))
+            .collect();
+        let rejected = hits
+            .iter()
+            .zip(&attempt)
+            .any(|(hit, decision)| hit.binding && !decision.allowed);
+        if !rejected {
+            copies.commit(&mut locked, now);
+            return attempt;
+        }
+        let mut untouched = Copies::default();
+        hits.iter()
+            .zip(attempt)
+            .map(|(hit, tried)| Decision {
+                allowed: tried.allowed,
+                ..untouched.hit(&locked, hit, Hits::take(0), now)
+            })
+            .collect()
+    }
+
     /// Drops every counter whose state has expired; returns how many.
     pub fn remove_expired(&self) -> usize {
         let mut removed = 0;
@@ -118,10 +153,101 @@ impl MemoryBackend {
 
     /// The locked shard that holds `key`.
     fn shard(&self, key: &CounterKey) -> MutexGuard<'_, Counters> {
+        lock(&self.shards[self.shard_index(key)])
+    }
+
+    fn shard_index(&self, key: &CounterKey) -> usize {
         let hash = self.shard_hasher.hash_one(key);
         // `shard_shift` is 64 - log2(len) with len >= 16, so the index is below len.
-        let index = usize::try_from(hash >> self.shard_shift).unwrap_or(0);
-        lock(&self.shards[index])
+        usize::try_from(hash >> self.shard_shift).unwrap_or(0)
+    }
+
+    /// Locks every shard that holds a counter of `hits`, each once, in ascending order: two
+    /// requests that lock in one order cannot deadlock.
+    fn lock_all(&self, hits: &[CounterHit<'_>]) -> LockedShards<'_> {
+        let mut indices: Vec<usize> = hits.iter().map(|hit| self.shard_index(&hit.key)).collect();
+        indices.sort_unstable();
+        indices.dedup();
+        let guards = indices
+            .into_iter()
+            .map(|index| (index, lock(&self.shards[index])))
+            .collect();
+        LockedShards {
+            backend: self,
+            guards,
+        }
+    }
+}
+
+/// The shards of one request's counters, locked together, ascending by index.
+struct LockedShards<'b> {
+    backend: &'b MemoryBackend,
+    guards: Vec<(usize, MutexGuard<'b, Counters>)>,
+}
+
+impl LockedShards<'_> {
+    /// Where the shard of `key` is in `guards` (`lock_all` locked the shard of every hit).
+    fn position(&self, key: &CounterKey) -> usize {
+        let index = self.backend.shard_index(key);
+        self.guards
+            .binary_search_by_key(&index, |(i, _)| *i)
+            .expect("lock_all locked the shard of every hit")
+    }
+
+    /// A copy of the counter `key` as a hit would find it: expired or absent is new.
+    fn copy(&self, key: &CounterKey, now: u64) -> Counter {
+        let shard = &self.guards[self.position(key)].1;
+        shard
+            .get(key)
+            .filter(|counter| counter.expires_at() > now)
+            .cloned()
+            .unwrap_or_default()
+    }
+
+    /// Stores `counter` as `key`'s state; one as good as new is dropped.
+    fn store(&mut self, key: CounterKey, counter: Counter, now: u64) {
+        let at = self.position(&key);
+        let shard = &mut self.guards[at].1;
+        if counter.expires_at() > now {
+            shard.insert(key, counter);
+        } else {
+            shard.remove(&key);
+        }
+    }
+}
+
+/// Copies of the counters one request hits, in the order first hit (requests are small, so a
+/// list beats a map).
+#[derive(Default)]
+struct Copies {
+    counters: Vec<(CounterKey, Counter)>,
+}
+
+impl Copies {
+    /// Applies `hits` to the copy of `hit`'s counter, copying it from `locked` first.
+    fn hit(
+        &mut self,
+        locked: &LockedShards<'_>,
+        hit: &CounterHit<'_>,
+        hits: Hits,
+        now: u64,
+    ) -> Decision {
+        let at = match self.counters.iter().position(|(key, _)| *key == hit.key) {
+            Some(at) => at,
+            None => {
+                self.counters
+                    .push((hit.key.clone(), locked.copy(&hit.key, now)));
+                self.counters.len() - 1
+            }
+        };
+        self.counters[at].1.hit(&hit.limit, now, hits)
+    }
+
+    /// Stores every copy in place of its counter.
+    fn commit(self, locked: &mut LockedShards<'_>, now: u64) {
+        for (key, counter) in self.counters {
+            locked.store(key, counter, now);
+        }
     }
 }
 
@@ -191,6 +317,57 @@ mod tests {
         let (_, backend) = backend();
         backend.hit(&key("k"), &Limit::per(5, Unit::Second), Hits::take(6));
         assert!(backend.is_empty());
+    }
+
+    fn hit<'a>(name: &str, limit: &'a Limit, amount: u64) -> CounterHit<'a> {
+        CounterHit {
+            key: key(name),
+            limit: std::borrow::Cow::Borrowed(limit),
+            hits: Hits::take(amount),
+            binding: true,
+        }
+    }
+
+    #[test]
+    fn a_rejected_request_changes_none_of_its_counters() {
+        let (_, backend) = backend();
+        let limit = Limit::per(5, Unit::Second);
+        let decisions = backend.hit_all_or_nothing(&[hit("a", &limit, 2), hit("b", &limit, 6)]);
+        assert_eq!(
+            decisions
+                .iter()
+                .map(|d| (d.allowed, d.remaining))
+                .collect::<Vec<_>>(),
+            [(true, 5), (false, 5)]
+        );
+        assert!(backend.is_empty());
+    }
+
+    #[test]
+    fn a_counter_named_twice_sees_both_hits_in_order() {
+        let (_, backend) = backend();
+        let limit = Limit::per(5, Unit::Second);
+        let twice = [hit("a", &limit, 3), hit("a", &limit, 2)];
+        let passed = backend.hit_all_or_nothing(&twice);
+        assert_eq!(
+            passed.iter().map(|d| d.remaining).collect::<Vec<_>>(),
+            [2, 0]
+        );
+        let rejected = backend.hit_all_or_nothing(&[hit("a", &limit, 0), hit("a", &limit, 1)]);
+        assert!(!rejected[1].allowed);
+        assert_eq!(backend.hit(&key("a"), &limit, Hits::take(0)).remaining, 0);
+    }
+
+    #[test]
+    fn a_non_binding_rejection_undoes_nothing() {
+        let (_, backend) = backend();
+        let limit = Limit::per(5, Unit::Second);
+        let shadow = CounterHit {
+            binding: false,
+            ..hit("b", &limit, 6)
+        };
+        backend.hit_all_or_nothing(&[hit("a", &limit, 2), shadow]);
+        assert_eq!(backend.hit(&key("a"), &limit, Hits::take(0)).remaining, 3);
     }
 
     #[tokio::test]

@@ -26,6 +26,39 @@ pub struct CounterHit<'a> {
     pub key: CounterKey,
     pub limit: Cow<'a, Limit>,
     pub hits: Hits,
+    /// Whether this hit's rejection rejects the whole request (not a shadow-mode or
+    /// quota-mode rule, no global shadow mode). Only binding rejections undo the request's
+    /// other hits under [`OnReject::ConsumeNothing`].
+    pub binding: bool,
+}
+
+/// What a rejected request does to the counters of its other hits: the `consume_on_reject`
+/// setting.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum OnReject {
+    /// Every hit is counted on its own, whatever the others decide (envoyproxy/ratelimit).
+    #[default]
+    Consume,
+    /// A request with a rejected binding hit changes no counter: atomic on the memory
+    /// backend and on a standalone Redis, best effort (a give-back) on a Redis Cluster.
+    ConsumeNothing,
+}
+
+impl OnReject {
+    pub fn from_setting(consume_on_reject: bool) -> Self {
+        if consume_on_reject {
+            OnReject::Consume
+        } else {
+            OnReject::ConsumeNothing
+        }
+    }
+}
+
+/// Whether `results` reject the request: a binding hit was answered with a rejection.
+pub(crate) fn rejects(hits: &[CounterHit<'_>], results: &[Result<Decision, BackendError>]) -> bool {
+    hits.iter()
+        .zip(results)
+        .any(|(hit, result)| hit.binding && matches!(result, Ok(decision) if !decision.allowed))
 }
 
 /// Why a backend could not decide.
@@ -54,13 +87,28 @@ pub enum Store {
 }
 
 impl Store {
-    async fn hit_all(&self, hits: &[CounterHit<'_>]) -> Vec<Result<Decision, BackendError>> {
+    async fn hit_all(
+        &self,
+        hits: &[CounterHit<'_>],
+        on_reject: OnReject,
+    ) -> Vec<Result<Decision, BackendError>> {
+        // One hit consumes nothing when it is rejected anyway: the plain path is exact.
+        let all_or_nothing = on_reject == OnReject::ConsumeNothing && hits.len() > 1;
         match self {
+            Store::Memory(memory) if all_or_nothing => memory
+                .hit_all_or_nothing(hits)
+                .into_iter()
+                .map(Ok)
+                .collect(),
             Store::Memory(memory) => hits
                 .iter()
                 .map(|hit| Ok(memory.hit(&hit.key, &hit.limit, hit.hits)))
                 .collect(),
+            Store::Redis(redis) if all_or_nothing => redis.hit_all_or_nothing(hits).await,
             Store::Redis(redis) => redis.hit_all(hits).await,
+            Store::RedisCluster(cluster) if all_or_nothing => {
+                cluster.hit_all_or_give_back(hits).await
+            }
             Store::RedisCluster(cluster) => cluster.hit_all(hits).await,
         }
     }
@@ -106,17 +154,28 @@ impl Backend {
     /// Applies every hit and answers each, in order. A remote backend may fail some or all
     /// of them; the caller applies each rule's `on_backend_error`. Counters known to be
     /// exhausted are answered without the backend; while the breaker is open every other
-    /// hit fails at once.
-    pub async fn hit_all(&self, hits: &[CounterHit<'_>]) -> Vec<Result<Decision, BackendError>> {
+    /// hit fails at once. Under [`OnReject::ConsumeNothing`] a request with a rejected
+    /// binding hit changes no counter, and one whose rejection the cache already knows is not
+    /// sent to the backend at all.
+    pub async fn hit_all(
+        &self,
+        hits: &[CounterHit<'_>],
+        on_reject: OnReject,
+    ) -> Vec<Result<Decision, BackendError>> {
         let Some(cache) = &self.over_limit else {
-            return self.call(hits).await;
+            return self.call(hits, on_reject).await;
         };
         let cached: Vec<Option<Decision>> = hits
             .iter()
             .map(|hit| cache.answer(&hit.key, hit.hits))
             .collect();
         let results = if cached.iter().all(Option::is_none) {
-            self.call(hits).await
+            self.call(hits, on_reject).await
+        } else if on_reject == OnReject::ConsumeNothing && cached_rejection_binds(hits, &cached) {
+            cached
+                .into_iter()
+                .map(|answer| Ok(answer.unwrap_or(NOT_CONSULTED)))
+                .collect()
         } else {
             let pending: Vec<CounterHit<'_>> = hits
                 .iter()
@@ -124,7 +183,7 @@ impl Backend {
                 .filter(|(_, answer)| answer.is_none())
                 .map(|(hit, _)| hit.clone())
                 .collect();
-            let mut fetched = self.call(&pending).await.into_iter();
+            let mut fetched = self.call(&pending, on_reject).await.into_iter();
             cached
                 .into_iter()
                 .map(|answer| match answer {
@@ -144,9 +203,13 @@ impl Backend {
     }
 
     /// The store's answers, through the breaker when there is one.
-    async fn call(&self, hits: &[CounterHit<'_>]) -> Vec<Result<Decision, BackendError>> {
+    async fn call(
+        &self,
+        hits: &[CounterHit<'_>],
+        on_reject: OnReject,
+    ) -> Vec<Result<Decision, BackendError>> {
         let Some(breaker) = &self.breaker else {
-            return self.store.hit_all(hits).await;
+            return self.store.hit_all(hits, on_reject).await;
         };
         if hits.is_empty() {
             return Vec::new();
@@ -156,7 +219,7 @@ impl Backend {
             let open = BackendError::Unavailable("circuit open: the backend keeps failing".into());
             return vec![Err(open); hits.len()];
         }
-        let results = self.store.hit_all(hits).await;
+        let results = self.store.hit_all(hits, on_reject).await;
         let failed = results.iter().any(|result| {
             matches!(
                 result,
@@ -190,4 +253,21 @@ impl Backend {
             breaker.record(admission, answered);
         }
     }
+}
+
+/// The answer to a hit of a request that the over-limit cache rejected before any backend
+/// call: allowed, since nothing rejected it, and nothing known about its quota (remaining 0,
+/// as a `fail_open` answer says).
+const NOT_CONSULTED: Decision = Decision {
+    allowed: true,
+    remaining: 0,
+    reset_micros: 0,
+};
+
+/// Whether a cached answer (always a rejection) belongs to a binding hit, so the request is
+/// rejected whatever the backend would say about the others.
+fn cached_rejection_binds(hits: &[CounterHit<'_>], cached: &[Option<Decision>]) -> bool {
+    hits.iter()
+        .zip(cached)
+        .any(|(hit, answer)| hit.binding && answer.is_some())
 }

@@ -16,7 +16,7 @@ use std::sync::Arc;
 
 use arc_swap::ArcSwap;
 
-use crate::backend::{Backend, BackendError, CounterHit, MemoryBackend};
+use crate::backend::{Backend, BackendError, CounterHit, MemoryBackend, OnReject};
 use crate::limiter::{CounterKey, Decision, Limit, SECOND_MICROS};
 use crate::proto::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
 use crate::proto::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
@@ -34,6 +34,7 @@ const OVERRIDE_RULE_ID: &str = "override";
 pub struct ServiceOptions {
     pub shadow_mode: bool,
     pub quota_mode: bool,
+    pub on_reject: OnReject,
     pub response_headers: HeaderStyle,
     pub retry_after_jitter: u32,
     pub dynamic_metadata: bool,
@@ -46,6 +47,7 @@ impl ServiceOptions {
         ServiceOptions {
             shadow_mode: settings.shadow_mode,
             quota_mode: settings.quota_mode,
+            on_reject: OnReject::from_setting(settings.consume_on_reject),
             response_headers: settings.response_headers,
             retry_after_jitter: settings.retry_after_jitter,
             dynamic_metadata: settings.dynamic_metadata,
@@ -163,6 +165,7 @@ impl RateLimiter {
                 policies.extend(std::iter::repeat_n(policy, limits.len()));
                 let rule_id = rule.map_or(OVERRIDE_RULE_ID, |rule| rule.id.as_str());
                 let cost = request::hits(request, descriptor);
+                let binding = self.binds(*rule);
                 for (index, (_, limit)) in limits.iter().enumerate() {
                     hits.push(CounterHit {
                         key: CounterKey::new(
@@ -174,11 +177,12 @@ impl RateLimiter {
                         ),
                         limit: limit.clone(),
                         hits: cost,
+                        binding,
                     });
                 }
             }
         }
-        let results = self.backend.hit_all(&hits).await;
+        let results = self.backend.hit_all(&hits, self.options.on_reject).await;
         let decisions = hits
             .iter()
             .zip(policies)
@@ -197,6 +201,15 @@ impl RateLimiter {
 }
 
 impl RateLimiter {
+    /// Whether a rejection of `rule`'s hits (`None`: a request override) makes the request
+    /// OVER_LIMIT on its own, as `response::build` decides: not under global shadow mode, not
+    /// a shadow-mode rule, and not a quota-mode one (those reject only all together).
+    fn binds(&self, rule: Option<&Rule>) -> bool {
+        let quota = self.options.quota_mode || rule.is_some_and(|rule| rule.quota_mode);
+        let shadow = rule.is_some_and(|rule| rule.shadow_mode);
+        !self.options.shadow_mode && !quota && !shadow
+    }
+
     /// The decision for a hit the backend failed, by the rule's `on_backend_error`.
     fn fallback(
         &self,

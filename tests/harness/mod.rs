@@ -33,7 +33,7 @@ descriptors:
     rate_limit: {unit: day, requests_per_unit: 50, algorithm: gcra}
 ";
 
-/// The algorithm names, as the keys of [`EVERY_ALGORITHM`].
+/// The descriptor keys of [`EVERY_ALGORITHM`], one per algorithm.
 pub const ALGORITHMS: [&str; 5] = [
     "fixed_window",
     "sliding_window",
@@ -59,6 +59,11 @@ descriptors:
     on_backend_error: local
     rate_limit: {unit: day, requests_per_unit: 2}
 ";
+/// The overall and per-descriptor codes, as the wire carries them.
+pub const OK: i32 =
+    floodgate::proto::envoy::service::ratelimit::v3::rate_limit_response::Code::Ok as i32;
+pub const OVER_LIMIT: i32 =
+    floodgate::proto::envoy::service::ratelimit::v3::rate_limit_response::Code::OverLimit as i32;
 
 /// A running floodgate server.
 pub struct Floodgate {
@@ -238,6 +243,14 @@ pub fn descriptor(entries: &[(&str, &str)]) -> RateLimitDescriptor {
             })
             .collect(),
         ..Default::default()
+    }
+}
+
+/// The descriptor `key=value` with its own `hits_addend` (0 only checks).
+pub fn costing(key: &str, value: &str, hits: u64) -> RateLimitDescriptor {
+    RateLimitDescriptor {
+        hits_addend: Some(pbjson_types::UInt64Value { value: hits }),
+        ..descriptor(&[(key, value)])
     }
 }
 

@@ -5,7 +5,9 @@
 
 use deadpool_redis::redis;
 use deadpool_redis::redis::aio::ConnectionLike;
-use floodgate::backend::redis::script::{ScriptClock, Scripts, add_call, decision};
+use floodgate::backend::redis::script::{
+    PlannedHit, ScriptClock, Scripts, add_call, all_or_nothing_call, all_or_nothing_reply, decision,
+};
 use floodgate::limiter::{Decision, Hits, Limit};
 
 /// SCRIPT LOADs every script, so EVALSHA finds them (on a cluster connection: on every node).
@@ -59,4 +61,20 @@ pub async fn call<C: ConnectionLike>(
         [reply] => decision(reply),
         other => Err(format!("one call, {} replies", other.len())),
     }
+}
+
+/// One all-or-nothing call of `planned` at `now`, as the Redis backend makes it: whether the
+/// hits were applied, and each one's decision.
+pub async fn all_or_nothing<C: ConnectionLike>(
+    connection: &mut C,
+    scripts: &Scripts,
+    planned: &[PlannedHit<'_>],
+    now: u64,
+) -> Result<(bool, Vec<Decision>), String> {
+    let command = all_or_nothing_call(scripts, planned, ScriptClock::Fixed(now), now);
+    let reply: redis::Value = command
+        .query_async(connection)
+        .await
+        .map_err(|e| format!("EVALSHA failed: {e}"))?;
+    all_or_nothing_reply(&reply, planned.len())
 }

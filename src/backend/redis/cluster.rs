@@ -40,9 +40,9 @@ use redis::io::tcp::TcpSettings;
 use redis::{ErrorKind, RedisError, RedisResult, ServerErrorKind, Value};
 use tokio::time::{Instant, timeout_at};
 
-use crate::backend::{BackendError, CounterHit};
+use crate::backend::{BackendError, CounterHit, rejects};
 use crate::clock::Clock;
-use crate::limiter::Decision;
+use crate::limiter::{Decision, Hits};
 
 use super::script::{self, ScriptClock};
 use super::{
@@ -100,11 +100,63 @@ impl RedisClusterBackend {
 
     /// Applies every hit, in order, each within the command timeout of this request.
     pub async fn hit_all(&self, hits: &[CounterHit<'_>]) -> Vec<Result<Decision, BackendError>> {
+        let deadline = Instant::now() + self.options.command_timeout;
+        self.hit_all_until(hits, deadline).await
+    }
+
+    /// Applies every hit as [`hit_all`](Self::hit_all) does; then, if a binding hit was
+    /// rejected, gives back what each allowed hit took, in one more round trip within the
+    /// same command timeout. Different counters live in different slots, which no one script
+    /// can span, so this is not atomic: until the give-back lands, other requests see the
+    /// quota taken (they may be rejected, never admitted beyond a limit), and a give-back
+    /// that fails leaves it taken, as `consume_on_reject: true` would (docs/redis.md).
+    pub async fn hit_all_or_give_back(
+        &self,
+        hits: &[CounterHit<'_>],
+    ) -> Vec<Result<Decision, BackendError>> {
+        let deadline = Instant::now() + self.options.command_timeout;
+        let mut results = self.hit_all_until(hits, deadline).await;
+        if !rejects(hits, &results) {
+            return results;
+        }
+        let taken: Vec<usize> = (0..hits.len())
+            .filter(|&i| took_quota(&hits[i], &results[i]))
+            .collect();
+        let give_backs: Vec<CounterHit<'_>> = taken
+            .iter()
+            .map(|&i| CounterHit {
+                hits: Hits::give_back(hits[i].hits.amount),
+                ..hits[i].clone()
+            })
+            .collect();
+        let returned = self.hit_all_until(&give_backs, deadline).await;
+        for (i, result) in taken.into_iter().zip(returned) {
+            match result {
+                // The counter as the give-back left it, for a truthful remaining.
+                Ok(after) => {
+                    results[i] = Ok(Decision {
+                        allowed: true,
+                        ..after
+                    })
+                }
+                Err(error) => {
+                    tracing::warn!(%error, "a rejected request's hit could not be given back");
+                }
+            }
+        }
+        results
+    }
+
+    /// Applies every hit, in order, each by `deadline`.
+    async fn hit_all_until(
+        &self,
+        hits: &[CounterHit<'_>],
+        deadline: Instant,
+    ) -> Vec<Result<Decision, BackendError>> {
         if hits.is_empty() {
             return Vec::new();
         }
         let timeout = self.options.command_timeout;
-        let deadline = Instant::now() + timeout;
         let connection = match timeout_at(deadline, self.connection()).await {
             Ok(Ok(connection)) => connection,
             Ok(Err(error)) => return vec![Err(error); hits.len()],
@@ -240,6 +292,12 @@ impl RedisClusterBackend {
         self.connection.store(Some(Arc::new(connection.clone())));
         Ok(connection)
     }
+}
+
+/// Whether `hit` took quota that a rejected request must give back: an allowed hit that
+/// costs something (a give-back of the request is not taken again).
+fn took_quota(hit: &CounterHit<'_>, result: &Result<Decision, BackendError>) -> bool {
+    !hit.hits.negative && hit.hits.amount > 0 && matches!(result, Ok(decision) if decision.allowed)
 }
 
 /// Where to send a call again.
@@ -406,6 +464,7 @@ mod tests {
             key: CounterKey::new("d", name, 0, &limit, []),
             limit: Cow::Borrowed(&limit),
             hits: Hits::take(1),
+            binding: true,
         };
         let started = std::time::Instant::now();
         let results = cluster.hit_all(&[hit("a"), hit("b")]).await;

@@ -1,6 +1,7 @@
 //! Counters in Redis: one Lua script call per counter, every call of a request in one
 //! pipeline on one connection, so a request costs one round trip whatever its number of
-//! descriptors.
+//! descriptors. With `consume_on_reject = false` a request with several hits is instead one
+//! call of the all-or-nothing script, which applies them all or none.
 //!
 //! Connections: a [`connect::Source`] opens them (a deadpool-redis pool for one address, or
 //! the sentinels' current primary); the backend keeps a few for good and hands them out
@@ -30,7 +31,7 @@ use std::time::Duration;
 
 use deadpool_redis::redis;
 
-use crate::backend::{BackendError, CounterHit};
+use crate::backend::{BackendError, CounterHit, OnReject};
 use crate::clock::Clock;
 use crate::limiter::Decision;
 use connect::{PrimaryConnection, Source};
@@ -120,11 +121,29 @@ impl RedisBackend {
 
     /// Applies every hit, in order, within the command timeout.
     pub async fn hit_all(&self, hits: &[CounterHit<'_>]) -> Vec<Result<Decision, BackendError>> {
+        self.bounded(hits, OnReject::Consume).await
+    }
+
+    /// Applies every hit, in order, only if no binding hit is rejected: one script call, so
+    /// Redis decides the whole request at once and no other client sees it half applied.
+    pub async fn hit_all_or_nothing(
+        &self,
+        hits: &[CounterHit<'_>],
+    ) -> Vec<Result<Decision, BackendError>> {
+        self.bounded(hits, OnReject::ConsumeNothing).await
+    }
+
+    /// One exchange for `hits` within the command timeout.
+    async fn bounded(
+        &self,
+        hits: &[CounterHit<'_>],
+        on_reject: OnReject,
+    ) -> Vec<Result<Decision, BackendError>> {
         if hits.is_empty() {
             return Vec::new();
         }
         let timeout = self.options.command_timeout;
-        match tokio::time::timeout(timeout, self.exchange(hits)).await {
+        match tokio::time::timeout(timeout, self.exchange(hits, on_reject)).await {
             Ok(Ok(results)) => results,
             Ok(Err(error)) => vec![Err(error); hits.len()],
             Err(_) => vec![Err(BackendError::Timeout(timeout)); hits.len()],
@@ -155,6 +174,7 @@ impl RedisBackend {
     async fn exchange(
         &self,
         hits: &[CounterHit<'_>],
+        on_reject: OnReject,
     ) -> Result<Vec<Result<Decision, BackendError>>, BackendError> {
         let (slot, mut connection) = self.connection().await?;
         let calls: Vec<Call<'_>> = hits
@@ -162,7 +182,12 @@ impl RedisBackend {
             .map(|hit| Call::new(&self.options.key_prefix, hit))
             .collect();
         let now = self.clock.now_micros();
-        let result = run_calls(&mut connection, &self.scripts, &calls, now).await;
+        let result = match on_reject {
+            OnReject::Consume => run_calls(&mut connection, &self.scripts, &calls, now).await,
+            OnReject::ConsumeNothing => {
+                run_all_or_nothing(&mut connection, &self.scripts, &calls, now).await
+            }
+        };
         if result.is_err() {
             // Possibly a dead socket: the next request on this slot gets a fresh connection.
             *lock(&self.connections[slot]) = None;
@@ -239,6 +264,59 @@ pub(crate) async fn run_calls<C: redis::aio::ConnectionLike>(
         }
     }
     Ok(results)
+}
+
+/// Runs `calls` as one all-or-nothing script call (loading the scripts and sending it once
+/// more if the server had lost them). A failed script fails every call: it ran entirely or
+/// not at all.
+async fn run_all_or_nothing<C: redis::aio::ConnectionLike>(
+    connection: &mut C,
+    scripts: &Scripts,
+    calls: &[Call<'_>],
+    local_now: u64,
+) -> Result<Vec<Result<Decision, BackendError>>, BackendError> {
+    let planned: Vec<script::PlannedHit<'_>> = calls
+        .iter()
+        .map(|call| script::PlannedHit {
+            key: &call.key,
+            limit: &call.hit.limit,
+            hits: call.hit.hits,
+            binding: call.hit.binding,
+        })
+        .collect();
+    let command = script::all_or_nothing_call(scripts, &planned, ScriptClock::Redis, local_now);
+    let mut reply = query_one(connection, &command).await?;
+    if is_noscript(&reply) {
+        tracing::info!("redis lost its scripts; loading them again");
+        load_scripts(connection, scripts).await?;
+        reply = query_one(connection, &command).await?;
+    }
+    let outcome = match &reply {
+        redis::Value::ServerError(error) => {
+            Err(BackendError::Unavailable(format!("redis: {error}")))
+        }
+        reply => script::all_or_nothing_reply(reply, calls.len())
+            .map(|(_, decisions)| decisions)
+            .map_err(BackendError::Protocol),
+    };
+    Ok(match outcome {
+        Ok(decisions) => decisions.into_iter().map(Ok).collect(),
+        Err(error) => vec![Err(error); calls.len()],
+    })
+}
+
+/// One command's reply, an error reply included (as a value, so NOSCRIPT can be told apart).
+async fn query_one<C: redis::aio::ConnectionLike>(
+    connection: &mut C,
+    command: &redis::Cmd,
+) -> Result<redis::Value, BackendError> {
+    let mut pipe = redis::pipe();
+    pipe.ignore_errors().add_command(command.clone());
+    let replies: Vec<redis::Value> = pipe.query_async(connection).await.map_err(unavailable)?;
+    replies
+        .into_iter()
+        .next()
+        .ok_or_else(|| BackendError::Protocol("no reply to the script call".into()))
 }
 
 /// SCRIPT LOAD of every script on the server behind `connection`.

@@ -17,9 +17,11 @@ pub enum ScriptClock {
     Fixed(u64),
 }
 
-/// The five scripts, with their SHA1s, built once at start-up.
+/// The five scripts, and the one that runs a whole request all or nothing, with their
+/// SHA1s, built once at start-up.
 pub struct Scripts {
     scripts: Vec<(Algorithm, redis::Script)>,
+    all_or_nothing: redis::Script,
 }
 
 impl Scripts {
@@ -28,7 +30,10 @@ impl Scripts {
             .into_iter()
             .map(|algorithm| (algorithm, redis::Script::new(source(algorithm))))
             .collect();
-        Scripts { scripts }
+        Scripts {
+            scripts,
+            all_or_nothing: redis::Script::new(ALL_OR_NOTHING_SOURCE),
+        }
     }
 
     /// The script of `algorithm`.
@@ -43,7 +48,10 @@ impl Scripts {
 
     /// Every script, for SCRIPT LOAD.
     pub fn all(&self) -> impl Iterator<Item = &redis::Script> {
-        self.scripts.iter().map(|(_, script)| script)
+        self.scripts
+            .iter()
+            .map(|(_, script)| script)
+            .chain([&self.all_or_nothing])
     }
 }
 
@@ -63,6 +71,31 @@ macro_rules! script_source {
         )
     };
 }
+
+/// The all-or-nothing script: its driver, then every algorithm's script (prelude and body,
+/// unchanged) as a function of its own KEYS and ARGV, in a table by algorithm name. Each
+/// algorithm's script ends in `return`, which now returns from its function.
+macro_rules! algorithm_function {
+    ($name:literal) => {
+        concat!(
+            $name,
+            " = function(KEYS, ARGV, redis)\n",
+            script_source!($name),
+            "\nend,\n"
+        )
+    };
+}
+
+const ALL_OR_NOTHING_SOURCE: &str = concat!(
+    include_str!("../../../lua/all_or_nothing.lua"),
+    "\nreturn all_or_nothing({\n",
+    algorithm_function!("fixed_window"),
+    algorithm_function!("sliding_window"),
+    algorithm_function!("sliding_log"),
+    algorithm_function!("token_bucket"),
+    algorithm_function!("gcra"),
+    "})\n"
+);
 
 /// The Lua source of `algorithm`.
 fn source(algorithm: Algorithm) -> &'static str {
@@ -100,6 +133,30 @@ pub fn add_call(
     } else {
         call.arg(1).arg(key);
     }
+    push_arguments(&mut call, limit, hits, clock, local_now);
+    pipe.add_command(call);
+}
+
+/// The keys of one counter's script call: the counter key, and a sliding log's sequence.
+fn keys(key: &str, algorithm: Algorithm) -> Vec<String> {
+    if algorithm == Algorithm::SlidingLog {
+        vec![key.to_owned(), sequence_key(key)]
+    } else {
+        vec![key.to_owned()]
+    }
+}
+
+/// How many ARGV entries [`push_arguments`] sends: ARGV[1..11] of `lua/README.md`.
+const ARGUMENTS: usize = 11;
+
+/// Appends one hit's ARGV (all [`ARGUMENTS`] of them) to `call`.
+fn push_arguments(
+    call: &mut redis::Cmd,
+    limit: &Limit,
+    hits: Hits,
+    clock: ScriptClock,
+    local_now: u64,
+) {
     call.arg(limit.requests_per_unit)
         .arg(limit.window_micros())
         .arg(hits.amount)
@@ -114,7 +171,71 @@ pub fn add_call(
         Some(boundaries) => call.arg(&boundaries[..]),
         None => call.arg(&["", "", "", ""][..]),
     };
-    pipe.add_command(call);
+}
+
+/// One hit of an all-or-nothing call: the counter's full Redis key, its limit, the hit, and
+/// whether its rejection rejects the request.
+#[derive(Debug, Clone, Copy)]
+pub struct PlannedHit<'a> {
+    pub key: &'a str,
+    pub limit: &'a Limit,
+    pub hits: Hits,
+    pub binding: bool,
+}
+
+/// The EVALSHA that applies every hit of `planned`, in order, only if no binding one is
+/// rejected: every call's keys in KEYS, then in ARGV the number of calls and, per call,
+/// its algorithm, binding flag, key count, argument count and arguments (`lua/README.md`).
+pub fn all_or_nothing_call(
+    scripts: &Scripts,
+    planned: &[PlannedHit<'_>],
+    clock: ScriptClock,
+    local_now: u64,
+) -> redis::Cmd {
+    let keys: Vec<Vec<String>> = planned
+        .iter()
+        .map(|hit| keys(hit.key, hit.limit.algorithm))
+        .collect();
+    let mut call = redis::cmd("EVALSHA");
+    call.arg(scripts.all_or_nothing.get_hash())
+        .arg(keys.iter().map(Vec::len).sum::<usize>());
+    for keys in &keys {
+        call.arg(&keys[..]);
+    }
+    call.arg(planned.len());
+    for (hit, keys) in planned.iter().zip(&keys) {
+        call.arg(hit.limit.algorithm.name())
+            .arg(u8::from(hit.binding))
+            .arg(keys.len())
+            .arg(ARGUMENTS);
+        push_arguments(&mut call, hit.limit, hit.hits, clock, local_now);
+    }
+    call
+}
+
+/// Reads the all-or-nothing script's reply, `[applied 0|1, decision…]`: whether the hits
+/// were applied, and one decision per call (each as [`decision`] reads it).
+pub fn all_or_nothing_reply(
+    reply: &redis::Value,
+    calls: usize,
+) -> Result<(bool, Vec<Decision>), String> {
+    let items = array(reply, "all-or-nothing script")?;
+    let Some((applied, decisions)) = items.split_first() else {
+        return Err("all-or-nothing script replied an empty array".into());
+    };
+    if decisions.len() != calls {
+        return Err(format!(
+            "all-or-nothing script replied {} decisions for {calls} calls",
+            decisions.len()
+        ));
+    }
+    let applied = match integer(applied, "applied")? {
+        0 => false,
+        1 => true,
+        other => return Err(format!("all-or-nothing script replied applied = {other}")),
+    };
+    let decisions = decisions.iter().map(decision).collect::<Result<_, _>>()?;
+    Ok((applied, decisions))
 }
 
 /// A calendar-aligned fixed window's boundaries b0 < b1 < b2 < b3 around `local_now`: the
@@ -133,14 +254,8 @@ fn calendar_boundaries(limit: &Limit, local_now: u64) -> Option<[u64; 4]> {
 
 /// Reads one script's reply: `[allowed 0|1, remaining, reset_us]`, all integers.
 pub fn decision(reply: &redis::Value) -> Result<Decision, String> {
-    let items = match reply {
-        redis::Value::Array(items) => items,
-        redis::Value::ServerError(error) => {
-            return Err(format!("rate-limit script failed: {error}"));
-        }
-        other => return Err(format!("rate-limit script replied {other:?}, not an array")),
-    };
-    let [allowed, remaining, reset] = items.as_slice() else {
+    let items = array(reply, "rate-limit script")?;
+    let [allowed, remaining, reset] = items else {
         return Err(format!(
             "rate-limit script replied {} values, not 3: {items:?}",
             items.len()
@@ -160,6 +275,15 @@ pub fn decision(reply: &redis::Value) -> Result<Decision, String> {
         remaining: integer(remaining, "remaining")?,
         reset_micros: integer(reset, "reset")?,
     })
+}
+
+/// The items of a script's array reply; `script` names the script in the error.
+fn array<'v>(reply: &'v redis::Value, script: &str) -> Result<&'v [redis::Value], String> {
+    match reply {
+        redis::Value::Array(items) => Ok(items),
+        redis::Value::ServerError(error) => Err(format!("{script} failed: {error}")),
+        other => Err(format!("{script} replied {other:?}, not an array")),
+    }
 }
 
 /// One non-negative integer of the reply; `what` names it in the error.
@@ -219,12 +343,30 @@ mod tests {
     }
 
     #[test]
-    fn every_algorithm_has_its_own_script() {
+    fn every_algorithm_and_the_all_or_nothing_driver_have_their_own_script() {
         let scripts = Scripts::new();
         let mut hashes: Vec<&str> = scripts.all().map(|script| script.get_hash()).collect();
         hashes.sort_unstable();
         hashes.dedup();
-        assert_eq!(hashes.len(), Algorithm::ALL.len());
+        assert_eq!(hashes.len(), Algorithm::ALL.len() + 1);
+    }
+
+    #[test]
+    fn a_call_sends_as_many_arguments_as_the_all_or_nothing_layout_says() {
+        let mut pipe = redis::pipe();
+        let limit = Limit::per(1, Unit::Second);
+        add_call(
+            &mut pipe,
+            &Scripts::new(),
+            "k",
+            &limit,
+            Hits::take(1),
+            ScriptClock::Redis,
+            0,
+        );
+        let command = pipe.cmd_iter().next().expect("one command");
+        // EVALSHA, the SHA1, the key count and one key, then the arguments.
+        assert_eq!(command.args_iter().count(), 4 + ARGUMENTS);
     }
 
     #[test]
