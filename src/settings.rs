@@ -168,7 +168,7 @@ impl Default for Settings {
             redis_username: None,
             redis_password: None,
             redis_sentinel_master: "mymaster".into(),
-            redis_pool_size: 4,
+            redis_pool_size: 1,
             redis_connect_timeout_ms: 250,
             redis_command_timeout_ms: 15,
             redis_key_prefix: "floodgate:".into(),
