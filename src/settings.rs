@@ -224,9 +224,10 @@ impl Settings {
         env: impl IntoIterator<Item = (String, String)>,
         overrides: Overrides,
     ) -> Result<Settings, config::ConfigError> {
+        let settings = setting_names();
         let mut env: config::Map<String, String> = env
             .into_iter()
-            .filter(|(name, _)| name.starts_with("FLOODGATE_") && name != "FLOODGATE_CONFIG")
+            .filter(|(name, _)| names_a_setting(name, settings))
             .collect();
         let verbatim: Vec<(&str, String)> = VERBATIM
             .into_iter()
@@ -255,6 +256,68 @@ impl Settings {
         }
         builder.build()?.try_deserialize()
     }
+}
+
+/// Whether the environment variable `name` is a setting: `FLOODGATE_` and a setting's name
+/// (before any `__` into a nested one). Other `FLOODGATE_*` variables are not ours to refuse:
+/// Kubernetes gives every pod `FLOODGATE_SERVICE_HOST`, `FLOODGATE_PORT`, … when a Service is
+/// named floodgate, and tools set their own (`FLOODGATE_BIN` in the client test suites).
+fn names_a_setting(name: &str, settings: &[&str]) -> bool {
+    let Some(setting) = name.strip_prefix("FLOODGATE_") else {
+        return false;
+    };
+    let top = setting.split("__").next().unwrap_or_default();
+    settings.iter().any(|known| known.eq_ignore_ascii_case(top))
+}
+
+/// The names of [`Settings`]' fields, as serde knows them: read off the `deserialize_struct`
+/// call its derived `Deserialize` makes, so a new setting needs no list kept by hand.
+fn setting_names() -> &'static [&'static str] {
+    use serde::de::{self, Visitor};
+
+    struct FieldNames(&'static [&'static str]);
+
+    #[derive(Debug)]
+    struct Done;
+    impl std::fmt::Display for Done {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str("field names read")
+        }
+    }
+    impl std::error::Error for Done {}
+    impl de::Error for Done {
+        fn custom<T: std::fmt::Display>(_: T) -> Self {
+            Done
+        }
+    }
+
+    impl<'de> de::Deserializer<'de> for &mut FieldNames {
+        type Error = Done;
+
+        fn deserialize_any<V: Visitor<'de>>(self, _: V) -> Result<V::Value, Done> {
+            Err(Done)
+        }
+
+        fn deserialize_struct<V: Visitor<'de>>(
+            self,
+            _: &'static str,
+            fields: &'static [&'static str],
+            _: V,
+        ) -> Result<V::Value, Done> {
+            self.0 = fields;
+            Err(Done)
+        }
+
+        serde::forward_to_deserialize_any! {
+            bool i8 i16 i32 i64 i128 u8 u16 u32 u64 u128 f32 f64 char str string bytes
+            byte_buf option unit unit_struct newtype_struct seq tuple tuple_struct map enum
+            identifier ignored_any
+        }
+    }
+
+    let mut names = FieldNames(&[]);
+    let _ = Settings::deserialize(&mut names);
+    names.0
 }
 
 #[cfg(test)]
@@ -364,6 +427,26 @@ mod tests {
             &[("FLOODGATE_CONSUME_ON_REJECT", "true")],
             Some(false)
         ));
+    }
+
+    #[test]
+    fn floodgate_variables_that_name_no_setting_are_left_alone() {
+        let settings = Settings::load_from(
+            None,
+            env(&[
+                ("FLOODGATE_SERVICE_HOST", "10.0.0.7"),
+                ("FLOODGATE_PORT", "tcp://10.0.0.7:8081"),
+                ("FLOODGATE_BIN", "/usr/local/bin/floodgate"),
+                ("FLOODGATE_SHADOW_MODE", "true"),
+                ("FLOODGATE_REQUEST_LIMITS__MAX_ENTRIES", "3"),
+            ]),
+            Overrides::default(),
+        )
+        .unwrap();
+        assert!(settings.shadow_mode);
+        assert_eq!(settings.request_limits.max_entries, 3);
+        assert!(setting_names().contains(&"redis_url"));
+        assert!(setting_names().contains(&"consume_on_reject"));
     }
 
     #[test]

@@ -1,0 +1,37 @@
+//! A client for floodgate, the gRPC rate-limit service wire-compatible with Envoy's
+//! `envoy.service.ratelimit.v3.RateLimitService` (it works with any server of that contract).
+//!
+//! [`Client`] asks for a [`Decision`] and never leaves the caller waiting longer than its
+//! timeout: when the server cannot answer, the client's [`FailureMode`] decides, and the
+//! decision says it was [`degraded`](Decision::degraded). [`RateLimitLayer`] puts the same
+//! client in front of any tower HTTP service (axum, tonic, hyper).
+//!
+//! ```no_run
+//! # async fn example() -> Result<(), floodgate_client::Error> {
+//! use floodgate_client::{Client, Descriptor};
+//!
+//! let client = Client::connect("http://127.0.0.1:8081").await?;
+//! let user = Descriptor::new().entry("user_id", "alice");
+//! let decision = client.should_rate_limit("api", &[user], 1).await?;
+//! if !decision.allowed {
+//!     println!("slow down: {:?}", decision.statuses[0].reset);
+//! }
+//! # Ok(())
+//! # }
+//! ```
+
+mod client;
+mod decision;
+mod descriptor;
+mod error;
+mod layer;
+mod retry;
+
+pub mod proto;
+
+pub use client::{Client, FailureMode};
+pub use decision::{Decision, DescriptorStatus, Limit, Unit};
+pub use descriptor::Descriptor;
+pub use error::Error;
+pub use layer::{RateLimitLayer, RateLimitService};
+pub use retry::Retry;

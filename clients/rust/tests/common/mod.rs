@@ -1,0 +1,121 @@
+//! Runs the real `floodgate` binary for the client's tests: the rules in `tests/rules`, gRPC
+//! and HTTP on free loopback ports, killed when dropped.
+
+#![allow(dead_code)]
+
+use std::io::{BufRead, BufReader};
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use floodgate_client::Client;
+
+/// The domain of `tests/rules/client.yaml`.
+pub const DOMAIN: &str = "client_test";
+
+/// A running floodgate server.
+pub struct Floodgate {
+    child: Child,
+    pub grpc_addr: SocketAddr,
+}
+
+impl Floodgate {
+    /// Starts a server with extra `serve` flags and waits until it listens.
+    pub fn start(flags: &[&str]) -> Floodgate {
+        let binary = binary();
+        let rules = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/rules");
+        let mut child = Command::new(&binary)
+            .args(["serve", "--rules"])
+            .arg(&rules)
+            .args(["--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0"])
+            .args(flags)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .unwrap_or_else(|error| panic!("cannot start {}: {error}", binary.display()));
+        let stdout = child.stdout.take().expect("stdout is piped");
+        let mut first_line = String::new();
+        BufReader::new(stdout)
+            .read_line(&mut first_line)
+            .expect("reading floodgate's stdout");
+        let grpc_addr = grpc_addr(&first_line).unwrap_or_else(|| {
+            let _ = child.kill();
+            panic!("floodgate did not announce its ports; first line: {first_line:?}")
+        });
+        Floodgate { child, grpc_addr }
+    }
+
+    /// The URL a client connects to.
+    pub fn url(&self) -> String {
+        format!("http://{}", self.grpc_addr)
+    }
+
+    /// A client of this server. Its timeout is generous: the 20 ms default suits production,
+    /// but on a loaded test machine it would turn real answers into degraded decisions.
+    pub async fn client(&self) -> Client {
+        Client::connect(self.url())
+            .await
+            .expect("connects to floodgate")
+            .timeout(Duration::from_secs(5))
+    }
+
+    /// Kills the server and waits until it is gone, so its port refuses connections.
+    pub fn stop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    /// Freezes the server (SIGSTOP) and waits until every thread has stopped: its port still
+    /// accepts connections (the kernel does that), but nothing reads or answers them.
+    pub fn freeze(&self) {
+        let pid = self.child.id();
+        let status = Command::new("kill")
+            .args(["-STOP", &pid.to_string()])
+            .status()
+            .expect("running kill");
+        assert!(status.success(), "kill -STOP {pid} failed");
+        // The signal is delivered asynchronously; /proc shows state T once it took effect.
+        let stopped = || {
+            std::fs::read_to_string(format!("/proc/{pid}/status"))
+                .is_ok_and(|status| status.lines().any(|line| line.starts_with("State:\tT")))
+        };
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while !stopped() {
+            assert!(
+                Instant::now() < deadline,
+                "floodgate {pid} did not stop on SIGSTOP"
+            );
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+}
+
+impl Drop for Floodgate {
+    /// SIGKILL ends a frozen process too.
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+/// `$FLOODGATE_BIN`, else the workspace's debug build; a missing binary fails the test.
+fn binary() -> PathBuf {
+    let path = std::env::var_os("FLOODGATE_BIN").map_or_else(
+        || PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../target/debug/floodgate"),
+        PathBuf::from,
+    );
+    assert!(
+        path.is_file(),
+        "floodgate binary not found at {}: run `cargo build` at the workspace root or set FLOODGATE_BIN",
+        path.display()
+    );
+    path
+}
+
+/// The gRPC address in `floodgate listening: grpc=ADDR http=ADDR`.
+fn grpc_addr(line: &str) -> Option<SocketAddr> {
+    line.split_whitespace()
+        .find_map(|word| word.strip_prefix("grpc="))?
+        .parse()
+        .ok()
+}

