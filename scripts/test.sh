@@ -69,6 +69,10 @@ echo "== Python client"
 .venv/bin/pip install -q './clients/python[test]'
 .venv/bin/python -m pytest -q clients/python/tests
 
+echo "== Helm chart (lint, render, Kubernetes schemas, a server booted from it)"
+.venv/bin/pip install -q helm-python-sdk==0.2.2 kubernetes-validate==1.37.0
+.venv/bin/python -m pytest -q tests/helm
+
 echo "== TypeScript client"
 if ! need npm; then
     if [ "$(id -u)" = 0 ] && need apt-get; then

@@ -6,9 +6,11 @@
 //! - `POST /json`: a protobuf-JSON `RateLimitRequest`; 200 OK, 429 over limit, 400 bad
 //!   request (with the reason), 503 backend unavailable; the body is the JSON response.
 //! - `GET /rlconfig`: the rules in force, one line per rule, stable order.
+//! - `GET /metrics`: Prometheus metrics, text format 0.0.4.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Instant;
 
 use axum::Router;
 use axum::body::Bytes;
@@ -18,9 +20,10 @@ use axum::http::header::CONTENT_TYPE;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 
+use crate::metrics::{self, Endpoint};
 use crate::proto::envoy::service::ratelimit::v3::RateLimitRequest;
 use crate::proto::envoy::service::ratelimit::v3::rate_limit_response::Code;
-use crate::service::{DecideError, RateLimiter};
+use crate::service::{DecideError, RateLimiter, grpc};
 
 /// What the HTTP handlers share.
 #[derive(Clone)]
@@ -36,6 +39,7 @@ pub fn router(state: HttpState) -> Router {
         .route("/readyz", get(readyz))
         .route("/json", post(json))
         .route("/rlconfig", get(rlconfig))
+        .route("/metrics", get(metrics_page))
         .with_state(state)
 }
 
@@ -53,14 +57,24 @@ async fn rlconfig(State(state): State<HttpState>) -> String {
     state.limiter.rules().dump()
 }
 
+async fn metrics_page(State(state): State<HttpState>) -> Response {
+    let page = state.limiter.metrics().render(state.limiter.backend());
+    ([(CONTENT_TYPE, metrics::CONTENT_TYPE)], page).into_response()
+}
+
 async fn json(State(state): State<HttpState>, body: Bytes) -> Response {
+    let started = Instant::now();
+    let requests = state.limiter.metrics().requests(Endpoint::HttpJson);
     let request: RateLimitRequest = match serde_json::from_slice(&body) {
         Ok(request) => request,
         Err(error) => {
+            requests.record(metrics::Code::InvalidArgument, started.elapsed());
             return error_response(StatusCode::BAD_REQUEST, &format!("invalid JSON: {error}"));
         }
     };
-    match state.limiter.should_rate_limit(&request).await {
+    let result = state.limiter.should_rate_limit(&request).await;
+    requests.record(grpc::code(&result), started.elapsed());
+    match result {
         Ok(response) => {
             let status = if response.overall_code == Code::OverLimit as i32 {
                 StatusCode::TOO_MANY_REQUESTS

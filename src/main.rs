@@ -14,7 +14,8 @@ use floodgate::backend::{
     RedisOptions, Store,
 };
 use floodgate::clock::SystemClock;
-use floodgate::rules::RuleSet;
+use floodgate::reload::{Hangups, Reloader};
+use floodgate::rules::{RuleFiles, RuleSet};
 use floodgate::service::{RateLimiter, ServiceOptions};
 use floodgate::settings::{BackendKind, HeaderStyle, LogFormat, Overrides, Settings};
 use floodgate::{bench, query, server};
@@ -59,6 +60,10 @@ struct ServeArgs {
     /// Directory of rule files [default: examples/rules].
     #[arg(long)]
     rules: Option<PathBuf>,
+    /// Milliseconds between looks at the rules directory for changes; 0: reload only on
+    /// SIGHUP [default: 1000].
+    #[arg(long)]
+    rules_reload_interval_ms: Option<u64>,
     /// gRPC listen address [default: 127.0.0.1:8081].
     #[arg(long)]
     grpc_addr: Option<String>,
@@ -107,6 +112,7 @@ impl ServeArgs {
             "rules",
             self.rules.as_ref().map(|p| p.display().to_string()),
         );
+        overrides.set("rules_reload_interval_ms", self.rules_reload_interval_ms);
         overrides.set("grpc_addr", self.grpc_addr.clone());
         overrides.set("http_addr", self.http_addr.clone());
         overrides.set("backend", self.backend.map(BackendKind::name));
@@ -197,7 +203,10 @@ fn check_config(dir: &std::path::Path) -> ExitCode {
 }
 
 async fn serve(settings: Settings) -> anyhow::Result<()> {
-    let rules = RuleSet::load_dir(&settings.rules)
+    // The files read here are what later reloads compare the directory with.
+    let rule_files = RuleFiles::read(&settings.rules);
+    let rules = rule_files
+        .load()
         .with_context(|| format!("loading rules from {}", settings.rules.display()))?;
     let clock = Arc::new(SystemClock);
     let memory = Arc::new(MemoryBackend::new(clock.clone()));
@@ -251,6 +260,7 @@ async fn serve(settings: Settings) -> anyhow::Result<()> {
         }
     };
     let mut signals = ShutdownSignals::register()?;
+    let hangups = Hangups::register().context("registering SIGHUP")?;
     let limiter = Arc::new(RateLimiter::new(
         rules,
         backend,
@@ -258,7 +268,11 @@ async fn serve(settings: Settings) -> anyhow::Result<()> {
         ServiceOptions::from_settings(&settings),
     ));
     let rule_count = limiter.rules().rules().count();
+    let reloader = Reloader::new(&settings.rules, rule_files, limiter.clone());
     let mut running = server::start(limiter, settings.grpc_addr, settings.http_addr).await?;
+    let reload_interval = (settings.rules_reload_interval_ms > 0)
+        .then(|| Duration::from_millis(settings.rules_reload_interval_ms));
+    reloader.spawn(reload_interval, hangups);
     tracing::info!(
         grpc = %running.grpc_addr,
         http = %running.http_addr,

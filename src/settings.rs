@@ -87,6 +87,8 @@ pub struct Settings {
     pub http_addr: SocketAddr,
     /// Directory of rule files.
     pub rules: PathBuf,
+    /// Milliseconds between looks at the rules directory for changes (0: only on SIGHUP).
+    pub rules_reload_interval_ms: u64,
     pub backend: BackendKind,
     /// `redis://[user:password@]host:port[/db]` for the redis backend (`rediss://` for TLS);
     /// for redis-cluster a comma-separated list of seed nodes; for redis-sentinel of sentinels.
@@ -117,6 +119,9 @@ pub struct Settings {
     pub redis_local_cache_size: usize,
     /// Global shadow mode: the overall code is never OVER_LIMIT.
     pub shadow_mode: bool,
+    /// Hits above this share of a limit count as near it (`ratelimit_service_rate_limit_
+    /// near_limit`), as envoyproxy/ratelimit's `NEAR_LIMIT_RATIO`. Between 0 and 1.
+    pub near_limit_ratio: f64,
     /// Global quota mode: every rule behaves as `quota_mode: true`.
     pub quota_mode: bool,
     /// Whether a rejected request still counts its allowed descriptors (envoyproxy/ratelimit,
@@ -163,6 +168,7 @@ impl Default for Settings {
             grpc_addr: SocketAddr::from(([127, 0, 0, 1], 8081)),
             http_addr: SocketAddr::from(([127, 0, 0, 1], 8080)),
             rules: PathBuf::from("examples/rules"),
+            rules_reload_interval_ms: 1000,
             backend: BackendKind::Memory,
             redis_url: "redis://127.0.0.1:6379".into(),
             redis_username: None,
@@ -176,6 +182,7 @@ impl Default for Settings {
             redis_breaker_cooldown_ms: 500,
             redis_local_cache_size: 100_000,
             shadow_mode: false,
+            near_limit_ratio: 0.8,
             quota_mode: false,
             consume_on_reject: true,
             response_headers: HeaderStyle::None,
@@ -254,7 +261,14 @@ impl Settings {
         for (key, value) in overrides.values {
             builder = builder.set_override(key, value)?;
         }
-        builder.build()?.try_deserialize()
+        let settings: Settings = builder.build()?.try_deserialize()?;
+        if !(0.0..=1.0).contains(&settings.near_limit_ratio) {
+            return Err(config::ConfigError::Message(format!(
+                "near_limit_ratio must be between 0 and 1, got {}",
+                settings.near_limit_ratio
+            )));
+        }
+        Ok(settings)
     }
 }
 
@@ -427,6 +441,26 @@ mod tests {
             &[("FLOODGATE_CONSUME_ON_REJECT", "true")],
             Some(false)
         ));
+    }
+
+    #[test]
+    fn rules_reload_interval_is_layered_like_every_setting() {
+        let load = |env_pairs: &[(&str, &str)], flag: Option<u64>| {
+            let mut overrides = Overrides::default();
+            overrides.set("rules_reload_interval_ms", flag);
+            Settings::load_from(None, env(env_pairs), overrides)
+                .unwrap()
+                .rules_reload_interval_ms
+        };
+        assert_eq!(load(&[], None), 1000);
+        assert_eq!(
+            load(&[("FLOODGATE_RULES_RELOAD_INTERVAL_MS", "0")], None),
+            0
+        );
+        assert_eq!(
+            load(&[("FLOODGATE_RULES_RELOAD_INTERVAL_MS", "0")], Some(250)),
+            250
+        );
     }
 
     #[test]

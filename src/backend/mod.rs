@@ -11,6 +11,7 @@ pub mod redis;
 
 use std::borrow::Cow;
 use std::sync::Arc;
+use std::time::Instant;
 
 pub use breaker::Breaker;
 use breaker::{Admission, BreakerState};
@@ -19,6 +20,7 @@ pub use over_limit::OverLimitCache;
 pub use redis::{RedisBackend, RedisClusterBackend, RedisOptions};
 
 use crate::limiter::{CounterKey, Decision, Hits, Limit};
+use crate::metrics::BackendStats;
 
 /// One hit on one counter.
 #[derive(Debug, Clone)]
@@ -131,6 +133,40 @@ pub struct Backend {
     store: Store,
     breaker: Option<Arc<Breaker>>,
     over_limit: Option<Arc<OverLimitCache>>,
+    stats: Arc<BackendStats>,
+}
+
+/// The backend's answers to a request's hits, in order, and where each came from.
+#[derive(Debug)]
+pub struct Answers {
+    pub results: Vec<Result<Decision, BackendError>>,
+    /// One per hit, or empty when every answer came from the store (the common case, kept
+    /// free of an allocation).
+    origins: Vec<Origin>,
+}
+
+/// Where one answer came from, for the rule statistics.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Origin {
+    /// The store counted the hit (or failed to).
+    Store,
+    /// The over-limit cache rejected it without the store.
+    OverLimitCache,
+    /// No counter decided it: another hit's cached rejection settled the request first.
+    NotConsulted,
+}
+
+impl Answers {
+    fn from_store(results: Vec<Result<Decision, BackendError>>) -> Self {
+        Answers {
+            results,
+            origins: Vec::new(),
+        }
+    }
+
+    pub fn origin(&self, index: usize) -> Origin {
+        self.origins.get(index).copied().unwrap_or(Origin::Store)
+    }
 }
 
 impl Backend {
@@ -139,6 +175,7 @@ impl Backend {
             store: Store::Memory(memory),
             breaker: None,
             over_limit: None,
+            stats: Arc::default(),
         }
     }
 
@@ -148,6 +185,15 @@ impl Backend {
             store,
             breaker: Some(Arc::new(breaker)),
             over_limit: Some(Arc::new(over_limit)),
+            stats: Arc::default(),
+        }
+    }
+
+    /// Forgets what the backend said about exhausted counters, so that a limit a rule reload
+    /// raised applies at once instead of when the remembered rejection expires.
+    pub fn forget_exhausted(&self) {
+        if let Some(cache) = &self.over_limit {
+            cache.clear();
         }
     }
 
@@ -157,26 +203,35 @@ impl Backend {
     /// hit fails at once. Under [`OnReject::ConsumeNothing`] a request with a rejected
     /// binding hit changes no counter, and one whose rejection the cache already knows is not
     /// sent to the backend at all.
-    pub async fn hit_all(
-        &self,
-        hits: &[CounterHit<'_>],
-        on_reject: OnReject,
-    ) -> Vec<Result<Decision, BackendError>> {
+    pub async fn hit_all(&self, hits: &[CounterHit<'_>], on_reject: OnReject) -> Answers {
         let Some(cache) = &self.over_limit else {
-            return self.call(hits, on_reject).await;
+            return Answers::from_store(self.call(hits, on_reject).await);
         };
         let cached: Vec<Option<Decision>> = hits
             .iter()
             .map(|hit| cache.answer(&hit.key, hit.hits))
             .collect();
+        let mut origins = Vec::new();
         let results = if cached.iter().all(Option::is_none) {
             self.call(hits, on_reject).await
         } else if on_reject == OnReject::ConsumeNothing && cached_rejection_binds(hits, &cached) {
+            origins = (cached.iter())
+                .map(|answer| match answer {
+                    Some(_) => Origin::OverLimitCache,
+                    None => Origin::NotConsulted,
+                })
+                .collect();
             cached
                 .into_iter()
                 .map(|answer| Ok(answer.unwrap_or(NOT_CONSULTED)))
                 .collect()
         } else {
+            origins = (cached.iter())
+                .map(|answer| match answer {
+                    Some(_) => Origin::OverLimitCache,
+                    None => Origin::Store,
+                })
+                .collect();
             let pending: Vec<CounterHit<'_>> = hits
                 .iter()
                 .zip(&cached)
@@ -199,7 +254,7 @@ impl Backend {
                 cache.observe(&hit.key, decision);
             }
         }
-        results
+        Answers { results, origins }
     }
 
     /// The store's answers, through the breaker when there is one.
@@ -216,10 +271,13 @@ impl Backend {
         }
         let admission = breaker.admit();
         if admission == Admission::Reject {
+            self.stats.record_circuit_open();
             let open = BackendError::Unavailable("circuit open: the backend keeps failing".into());
             return vec![Err(open); hits.len()];
         }
+        let started = Instant::now();
         let results = self.store.hit_all(hits, on_reject).await;
+        self.stats.record_call(started.elapsed(), &results);
         let failed = results.iter().any(|result| {
             matches!(
                 result,
@@ -228,6 +286,21 @@ impl Backend {
         });
         breaker.record(admission, !failed);
         results
+    }
+
+    /// The remote calls' duration and failures.
+    pub fn stats(&self) -> &BackendStats {
+        &self.stats
+    }
+
+    /// Whether the circuit breaker is open (never, without one).
+    pub fn circuit_open(&self) -> bool {
+        !self.healthy()
+    }
+
+    /// How many exhausted counters the over-limit cache remembers (0 without one).
+    pub fn over_limit_cache_len(&self) -> usize {
+        self.over_limit.as_ref().map_or(0, |cache| cache.len())
     }
 
     /// Whether the backend answers: false while the breaker is open.

@@ -87,6 +87,14 @@ impl OverLimitCache {
         shard.insert(key.clone(), now.saturating_add(decision.reset_micros));
     }
 
+    /// Forgets every counter: after a rule reload a limit may have been raised, and a counter
+    /// remembered as exhausted under the old limit may have quota under the new one.
+    pub fn clear(&self) {
+        for shard in &self.shards {
+            lock(shard).clear();
+        }
+    }
+
     /// How many counters are remembered.
     pub fn len(&self) -> usize {
         self.shards.iter().map(|shard| lock(shard).len()).sum()
@@ -173,6 +181,16 @@ mod tests {
         clock.advance(100);
         cache.observe(&key("fresh"), &exhausted(100));
         assert!(cache.answer(&key("fresh"), Hits::take(1)).is_some());
+    }
+
+    #[test]
+    fn clear_forgets_every_exhausted_counter() {
+        let (_, cache) = cache(100);
+        cache.observe(&key("a"), &exhausted(500));
+        cache.observe(&key("b"), &exhausted(500));
+        cache.clear();
+        assert!(cache.is_empty());
+        assert_eq!(cache.answer(&key("a"), Hits::take(1)), None);
     }
 
     #[test]

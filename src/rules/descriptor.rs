@@ -9,7 +9,10 @@ use saphyr::MarkedYaml;
 use super::limits::{self, Configured};
 use super::reader::{Fields, Reader};
 use super::yaml;
-use super::{DescriptorNode, Descriptors, OnBackendError, Policy, Rule, Source, Wildcard};
+use super::{
+    DescriptorNode, Descriptors, MetricLevel, OnBackendError, Policy, Rule, Source, Wildcard,
+};
+use crate::metrics::StatsSlot;
 
 const DESCRIPTOR_KEYS: [&str; 12] = [
     "key",
@@ -34,12 +37,25 @@ pub(super) fn read_descriptors(
     parent_path: &str,
     parent_id: &str,
 ) -> Descriptors {
+    read_level(reader, items, parent_path, parent_id, &[])
+}
+
+/// [`read_descriptors`] below `parent_levels`, the metric levels of the descriptors above.
+fn read_level(
+    reader: &mut Reader<'_, '_>,
+    items: &[MarkedYaml<'_>],
+    parent_path: &str,
+    parent_id: &str,
+    parent_levels: &[MetricLevel],
+) -> Descriptors {
     let mut level = Descriptors::default();
     // Each node's id segment (`key` or `key_value`) → its index. envoyproxy/ratelimit keys its
     // tree by this segment, so two descriptors with one segment would share a rule id.
     let mut seen: HashMap<String, usize> = HashMap::new();
     for item in items {
-        let Some((node, line)) = read_descriptor(reader, item, parent_path, parent_id) else {
+        let Some((node, line)) =
+            read_descriptor(reader, item, parent_path, parent_id, parent_levels)
+        else {
             continue;
         };
         let segment = id_segment(&node.key, node.value.as_deref());
@@ -84,6 +100,7 @@ fn read_descriptor(
     item: &MarkedYaml<'_>,
     parent_path: &str,
     parent_id: &str,
+    parent_levels: &[MetricLevel],
 ) -> Option<(DescriptorNode, usize)> {
     let peeked = path_segment(
         yaml::peek(item, "key")
@@ -100,8 +117,14 @@ fn read_descriptor(
         .get("value")
         .and_then(|node| reader.string(node, "value", &path))
         .filter(|value| !value.is_empty());
-    let id = format!("{parent_id}.{}", id_segment(&key, value.as_deref()));
+    let segment = id_segment(&key, value.as_deref());
+    let id = format!("{parent_id}.{segment}");
     let options = read_options(reader, &fields, value.as_deref(), &path);
+    let mut metric_levels = parent_levels.to_vec();
+    metric_levels.push(MetricLevel {
+        segment,
+        value_to_metric: options.value_to_metric,
+    });
     let configured = limits::read(
         reader,
         fields.entry("rate_limit"),
@@ -112,7 +135,7 @@ fn read_descriptor(
         None => Descriptors::default(),
         Some(node) => {
             let items = reader.list(node, "descriptors", &path).unwrap_or_default();
-            read_descriptors(reader, items, &path, &id)
+            read_level(reader, items, &path, &id, &metric_levels)
         }
     };
     let share_threshold = options.share_threshold;
@@ -122,7 +145,8 @@ fn read_descriptor(
     };
     let rule = match configured {
         Configured::Present { policy, replaces } => {
-            Some(Arc::new(options.into_rule(id, policy, replaces, source)))
+            let rule = options.into_rule(id, metric_levels, policy, replaces, source);
+            Some(Arc::new(rule))
         }
         Configured::Absent => {
             if let Some((line, _)) = options.on_backend_error {
@@ -174,7 +198,14 @@ struct Options {
 }
 
 impl Options {
-    fn into_rule(self, id: String, policy: Policy, replaces: Vec<String>, source: Source) -> Rule {
+    fn into_rule(
+        self,
+        id: String,
+        metric_levels: Vec<MetricLevel>,
+        policy: Policy,
+        replaces: Vec<String>,
+        source: Source,
+    ) -> Rule {
         Rule {
             id,
             policy,
@@ -187,6 +218,8 @@ impl Options {
             metadata: self.metadata,
             on_backend_error: self.on_backend_error.map(|(_, policy)| policy),
             source,
+            metric_levels,
+            stats: StatsSlot::default(),
         }
     }
 }

@@ -57,13 +57,37 @@ impl RuleSet {
     /// whose name starts with `.` are skipped, so a Kubernetes ConfigMap volume (whose files
     /// are also reachable through its `..data` directory) is read once.
     pub fn load_dir(dir: &Path) -> Result<RuleSet, LoadErrors> {
-        let (sources, errors) = read_dir(dir);
-        load(&sources, errors)
+        RuleFiles::read(dir).load()
     }
 
     /// Loads rule files given as (file name, contents), in the order given.
     pub fn from_sources(sources: &[(String, String)]) -> Result<RuleSet, LoadErrors> {
         load(sources, Vec::new())
+    }
+}
+
+/// A rules directory as the loader reads it: the contents of every rule file, and the files
+/// it could not read. Reading is separate from loading so that a reload can compare what is
+/// on disk now with what it loaded last (two equal readings load equal rule sets), and act
+/// only on a change.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RuleFiles {
+    /// (path, contents), sorted by path.
+    sources: Vec<(String, String)>,
+    errors: Vec<LoadError>,
+}
+
+impl RuleFiles {
+    /// Reads the rule files of `dir` ([`RuleSet::load_dir`] says which), following symbolic
+    /// links. Never fails: a file that cannot be read becomes a load error.
+    pub fn read(dir: &Path) -> RuleFiles {
+        let (sources, errors) = read_dir(dir);
+        RuleFiles { sources, errors }
+    }
+
+    /// Builds the rule set these files describe, or every problem in them.
+    pub fn load(&self) -> Result<RuleSet, LoadErrors> {
+        load(&self.sources, self.errors.clone())
     }
 }
 

@@ -22,7 +22,7 @@ mod yaml;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-pub use load::{LoadError, LoadErrors};
+pub use load::{LoadError, LoadErrors, RuleFiles};
 pub use matcher::Match;
 pub use wildcard::Wildcard;
 
@@ -102,13 +102,30 @@ pub struct Rule {
     pub quota_mode: bool,
     /// Values matched by this node's wildcard share one counter instead of one per value.
     pub share_threshold: bool,
+    /// Metrics label this rule with each request's values (all levels), not its path.
     pub detailed_metric: bool,
+    /// Metrics label this level with the request's value (see [`MetricLevel`]).
     pub value_to_metric: bool,
     /// User metadata merged into `dynamic_metadata` when the descriptor is under its limit.
     pub metadata: Option<serde_json::Map<String, serde_json::Value>>,
     /// `None`: the global default applies.
     pub on_backend_error: Option<OnBackendError>,
     pub source: Source,
+    /// The levels of the path from the domain to this rule, as metrics label them.
+    pub metric_levels: Vec<MetricLevel>,
+    /// This rule's statistics, found in the metrics registry on its first hit so that later
+    /// hits reach them without a lookup.
+    pub stats: crate::metrics::StatsSlot,
+}
+
+/// One level of a rule's path as metrics see it (envoyproxy/ratelimit's statistics key):
+/// `key` or `key_value`, or with `value_to_metric` the key and the request's value.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MetricLevel {
+    /// The level's part of the rule id: `key`, or `key_value` when the level has a value.
+    pub segment: String,
+    /// The level's `value_to_metric`: label it with the request's value instead.
+    pub value_to_metric: bool,
 }
 
 /// One `descriptors:` entry: a key, an optional value (exact or wildcard), an optional rule

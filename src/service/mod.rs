@@ -10,14 +10,16 @@ mod headers;
 mod metadata;
 pub mod request;
 mod response;
+mod stats;
 
 use std::borrow::Cow;
 use std::sync::Arc;
 
 use arc_swap::ArcSwap;
 
-use crate::backend::{Backend, BackendError, CounterHit, MemoryBackend, OnReject};
+use crate::backend::{Backend, BackendError, CounterHit, MemoryBackend, OnReject, Origin};
 use crate::limiter::{CounterKey, Decision, Limit, SECOND_MICROS};
+use crate::metrics::Metrics;
 use crate::proto::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
 use crate::proto::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
 use crate::rules::{Domain, OnBackendError, Policy, Rule, RuleSet};
@@ -40,6 +42,8 @@ pub struct ServiceOptions {
     pub dynamic_metadata: bool,
     pub on_backend_error: OnBackendError,
     pub request_limits: RequestLimits,
+    /// Hits above this share of a limit count as near it in the rule statistics.
+    pub near_limit_ratio: f64,
 }
 
 impl ServiceOptions {
@@ -53,6 +57,7 @@ impl ServiceOptions {
             dynamic_metadata: settings.dynamic_metadata,
             on_backend_error: settings.on_backend_error.into(),
             request_limits: settings.request_limits,
+            near_limit_ratio: settings.near_limit_ratio,
         }
     }
 }
@@ -79,6 +84,7 @@ pub struct RateLimiter {
     /// Decides the hits of `on_backend_error: local` rules while the backend fails.
     local: Arc<MemoryBackend>,
     options: ServiceOptions,
+    metrics: Metrics,
 }
 
 /// What one descriptor of a request resolved to.
@@ -108,19 +114,28 @@ impl<'r> Resolution<'r> {
 
 impl RateLimiter {
     /// `local` is the in-process limiter for `on_backend_error: local`; with the memory
-    /// backend it is never used.
+    /// backend it is never used. `rules` count as one successful configuration load: a
+    /// [`RuleSet`] exists only once its files loaded without an error.
     pub fn new(
         rules: RuleSet,
         backend: Backend,
         local: Arc<MemoryBackend>,
         options: ServiceOptions,
     ) -> Self {
+        let metrics = Metrics::new(options.near_limit_ratio);
+        metrics.config_loads().record(true);
         RateLimiter {
             rules: ArcSwap::from_pointee(rules),
             backend,
             local,
             options,
+            metrics,
         }
+    }
+
+    /// What the service counts, for `GET /metrics`.
+    pub fn metrics(&self) -> &Metrics {
+        &self.metrics
     }
 
     /// Where the counters live (health checks ask it).
@@ -131,6 +146,14 @@ impl RateLimiter {
     /// The rules in force.
     pub fn rules(&self) -> Arc<RuleSet> {
         self.rules.load_full()
+    }
+
+    /// Puts `rules` in force. The swap is atomic: a request decides entirely under the old
+    /// rules or entirely under the new ones. Counters are keyed by rule identity, not by the
+    /// rule set, so they carry over (see `CounterKey`).
+    pub fn replace_rules(&self, rules: RuleSet) {
+        self.rules.store(Arc::new(rules));
+        self.backend.forget_exhausted();
     }
 
     /// Decides one request.
@@ -182,21 +205,28 @@ impl RateLimiter {
                 }
             }
         }
-        let results = self.backend.hit_all(&hits, self.options.on_reject).await;
-        let decisions = hits
-            .iter()
-            .zip(policies)
-            .zip(results)
-            .map(|((hit, policy), result)| {
+        let mut answers = self.backend.hit_all(&hits, self.options.on_reject).await;
+        let results = std::mem::take(&mut answers.results);
+        // Where each decision came from, for the statistics. A failed hit answered by the
+        // rule's policy was decided by no counter, unless the policy is `local`, which counts.
+        let mut judged_by = Vec::with_capacity(hits.len());
+        let decisions = (hits.iter().zip(policies).zip(results).enumerate())
+            .map(|(index, ((hit, policy), result))| {
+                let origin = answers.origin(index);
+                let counted = result.is_ok() || policy == OnBackendError::Local;
+                judged_by.push(match origin {
+                    Origin::Store if !counted => Origin::NotConsulted,
+                    origin => origin,
+                });
                 result.or_else(|error| self.fallback(hit, policy, error))
             })
             .collect::<Result<Vec<_>, _>>()?;
-        Ok(response::build(
-            request,
-            &resolutions,
-            &decisions,
-            &self.options,
-        ))
+        let combined = response::build(request, &resolutions, &decisions, &self.options);
+        stats::record(&self.metrics, request, &resolutions, &decisions, &judged_by);
+        if combined.shadowed {
+            self.metrics.record_global_shadow_mode();
+        }
+        Ok(combined.response)
     }
 }
 

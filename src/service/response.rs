@@ -22,12 +22,19 @@ pub(super) struct Outcome<'r> {
     pub rule: Option<&'r crate::rules::Rule>,
 }
 
+/// The response, and whether global shadow mode turned it OK.
+pub(super) struct Combined {
+    pub response: RateLimitResponse,
+    /// Over limit, but answered OK because of global shadow mode.
+    pub shadowed: bool,
+}
+
 pub(super) fn build<'r>(
     request: &RateLimitRequest,
     resolutions: &'r [Resolution<'r>],
     decisions: &[Decision],
     options: &ServiceOptions,
-) -> RateLimitResponse {
+) -> Combined {
     let mut remaining_decisions = decisions;
     let outcomes: Vec<Outcome<'r>> = resolutions
         .iter()
@@ -49,10 +56,11 @@ pub(super) fn build<'r>(
     // when every quota descriptor of the request is over its limit.
     let quota: Vec<&Outcome> = outcomes.iter().filter(|o| o.quota && !o.shadow).collect();
     let quota_exhausted = !quota.is_empty() && quota.iter().all(|o| o.over_limit);
-    let over = (enforced_over || quota_exhausted) && !options.shadow_mode;
+    let over_before_shadow = enforced_over || quota_exhausted;
+    let over = over_before_shadow && !options.shadow_mode;
     let overall_code = if over { Code::OverLimit } else { Code::Ok };
 
-    RateLimitResponse {
+    let response = RateLimitResponse {
         overall_code: overall_code as i32,
         response_headers_to_add: headers::build(&outcomes, over, options),
         dynamic_metadata: options
@@ -60,7 +68,21 @@ pub(super) fn build<'r>(
             .then(|| metadata::build(request, &outcomes)),
         statuses: outcomes.into_iter().map(|o| o.status).collect(),
         ..Default::default()
+    };
+    Combined {
+        response,
+        shadowed: over_before_shadow && options.shadow_mode,
     }
+}
+
+/// The decision a descriptor reports among its limits': the first one over, else the one
+/// with the least remaining.
+pub(super) fn most_restrictive(decisions: &[Decision]) -> Option<(usize, Decision)> {
+    decisions
+        .iter()
+        .enumerate()
+        .min_by_key(|(_, d)| (d.allowed, d.remaining))
+        .map(|(i, d)| (i, *d))
 }
 
 fn outcome<'r>(
@@ -73,13 +95,7 @@ fn outcome<'r>(
         Resolution::Unlimited { rule } => return uncounted(Some(rule), u32::MAX),
         Resolution::Counted { rule, limits, .. } => (*rule, limits),
     };
-    // The most restrictive limit: the first one over, else the one with the least remaining.
-    let Some((index, decision)) = decisions
-        .iter()
-        .enumerate()
-        .min_by_key(|(_, d)| (d.allowed, d.remaining))
-        .map(|(i, d)| (i, *d))
-    else {
+    let Some((index, decision)) = most_restrictive(decisions) else {
         return uncounted(rule, 0);
     };
     let (name, limit) = &limits[index];

@@ -1078,6 +1078,42 @@ fn load_dir_reads_yaml_files_sorted_and_skips_hidden_and_others() {
     assert_eq!(domains, ["a", "b"]);
 }
 
+/// The layout kubelet gives a ConfigMap volume: the data in a timestamped directory,
+/// `..data` pointing at it, and each file a symbolic link through `..data`.
+#[cfg(unix)]
+#[test]
+fn load_dir_reads_a_configmap_volume_once_through_its_file_links() {
+    use std::os::unix::fs::symlink;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let data = dir.path().join("..2026_11_22_10_00_00.000000001");
+    std::fs::create_dir(&data).expect("mkdir");
+    std::fs::write(data.join("api.yaml"), "domain: api\n").expect("write");
+    std::fs::write(data.join("web.yml"), "domain: web\n").expect("write");
+    symlink(data.file_name().expect("name"), dir.path().join("..data")).expect("symlink");
+    for name in ["api.yaml", "web.yml"] {
+        symlink(format!("..data/{name}"), dir.path().join(name)).expect("symlink");
+    }
+
+    let rules = RuleSet::load_dir(dir.path()).unwrap_or_else(|e| panic!("{e}"));
+    let domains: Vec<_> = rules.domains.keys().map(String::as_str).collect();
+    assert_eq!(domains, ["api", "web"]);
+    assert_eq!(
+        rules.domains["api"].source.file,
+        dir.path().join("api.yaml").display().to_string()
+    );
+}
+
+#[test]
+fn rule_files_read_equal_until_a_rule_file_changes() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    std::fs::write(dir.path().join("a.yaml"), "domain: a\n").expect("write");
+    let before = RuleFiles::read(dir.path());
+    std::fs::write(dir.path().join(".log"), "not a rule file").expect("write");
+    assert_eq!(RuleFiles::read(dir.path()), before);
+    std::fs::write(dir.path().join("a.yaml"), "domain: b\n").expect("write");
+    assert_ne!(RuleFiles::read(dir.path()), before);
+}
+
 #[test]
 fn load_dir_names_files_by_path_in_errors() {
     let dir = tempfile::tempdir().expect("tempdir");

@@ -1,0 +1,33 @@
+# syntax=docker/dockerfile:1
+# floodgate's container image: `docker build -t floodgate .` at the repository root.
+# The Helm chart (helm/floodgate) runs it by default as ghcr.io/floodgate/floodgate.
+
+FROM rust:1-bookworm AS build
+# The image already has what the build needs: a C compiler (mimalloc), pkg-config and
+# OpenSSL's headers (native-tls); protoc comes from the protoc-bin-vendored crate.
+WORKDIR /src
+COPY . .
+RUN --mount=type=cache,target=/usr/local/cargo/registry \
+    --mount=type=cache,target=/src/target \
+    cargo build --release --locked --bin floodgate \
+    && cp target/release/floodgate /usr/local/bin/floodgate
+
+FROM debian:bookworm-slim
+# libssl3 for native-tls (rediss://), ca-certificates to verify Redis servers' certificates.
+RUN apt-get update \
+    && apt-get install -y --no-install-recommends ca-certificates libssl3 \
+    && rm -rf /var/lib/apt/lists/*
+COPY --from=build /usr/local/bin/floodgate /usr/local/bin/floodgate
+# The example rules, so the image serves something on its own; the chart mounts its
+# ConfigMap over this directory.
+COPY examples/rules /etc/floodgate/rules
+# Inside a container the server must listen beyond loopback. Settings are read from the
+# environment, so `docker run -e FLOODGATE_BACKEND=redis …` or the chart can change any.
+ENV FLOODGATE_GRPC_ADDR=0.0.0.0:8081 \
+    FLOODGATE_HTTP_ADDR=0.0.0.0:8080 \
+    FLOODGATE_RULES=/etc/floodgate/rules
+# Any non-root user will do: floodgate writes nothing, so a read-only root filesystem works.
+USER 10001:10001
+EXPOSE 8081 8080
+ENTRYPOINT ["/usr/local/bin/floodgate"]
+CMD ["serve"]

@@ -1,0 +1,119 @@
+{{/*
+The chart name, or nameOverride.
+*/}}
+{{- define "floodgate.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/*
+The full name of the release's objects: fullnameOverride, else the release name when it
+already contains the chart name, else "<release>-<chart>". Kept to 63 characters, the
+longest DNS label.
+*/}}
+{{- define "floodgate.fullname" -}}
+{{- if .Values.fullnameOverride }}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- $name := default .Chart.Name .Values.nameOverride }}
+{{- if contains $name .Release.Name }}
+{{- .Release.Name | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{/*
+"<chart>-<version>" for the helm.sh/chart label.
+*/}}
+{{- define "floodgate.chart" -}}
+{{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/*
+Labels on every object.
+*/}}
+{{- define "floodgate.labels" -}}
+helm.sh/chart: {{ include "floodgate.chart" . }}
+{{ include "floodgate.selectorLabels" . }}
+app.kubernetes.io/version: {{ include "floodgate.imageTag" . | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+{{- end }}
+
+{{/*
+The labels that select the pods; they never change across upgrades.
+*/}}
+{{- define "floodgate.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "floodgate.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end }}
+
+{{- define "floodgate.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create }}
+{{- default (include "floodgate.fullname" .) .Values.serviceAccount.name }}
+{{- else }}
+{{- default "default" .Values.serviceAccount.name }}
+{{- end }}
+{{- end }}
+
+{{- define "floodgate.imageTag" -}}
+{{- .Values.image.tag | default .Chart.AppVersion }}
+{{- end }}
+
+{{/*
+The ConfigMap holding the rule files: the chart's, or existingConfigMap.
+*/}}
+{{- define "floodgate.rulesConfigMap" -}}
+{{- .Values.existingConfigMap | default (printf "%s-rules" (include "floodgate.fullname" .)) }}
+{{- end }}
+
+{{/*
+Whether counters live in Redis (any backend but memory).
+*/}}
+{{- define "floodgate.usesRedis" -}}
+{{- if ne .Values.backend "memory" }}true{{ end }}
+{{- end }}
+
+{{/*
+The Secret holding the Redis URL and password: existingSecret.name, or the chart's.
+*/}}
+{{- define "floodgate.redisSecret" -}}
+{{- .Values.redis.existingSecret.name | default (printf "%s-redis" (include "floodgate.fullname" .)) }}
+{{- end }}
+
+{{/*
+"host:port" for a listen address; an IPv6 host gets brackets.
+*/}}
+{{- define "floodgate.listen" -}}
+{{- $host := index . 0 }}
+{{- if contains ":" $host }}[{{ $host }}]:{{ index . 1 }}{{ else }}{{ $host }}:{{ index . 1 }}{{ end }}
+{{- end }}
+
+{{/*
+The `settings` map as FLOODGATE_* EnvVars, nested maps joined with "__". Called with
+(list prefix map).
+*/}}
+{{- define "floodgate.settingsEnv" -}}
+{{- $prefix := index . 0 }}
+{{- range $key, $value := index . 1 }}
+{{- $name := printf "%s%s" $prefix (upper $key) }}
+{{- if kindIs "map" $value }}
+{{- include "floodgate.settingsEnv" (list (printf "%s__" $name) $value) }}
+{{- else }}
+- name: {{ $name }}
+  value: {{ include "floodgate.envValue" $value | quote }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{/*
+A settings value as its environment text. Whole numbers print without an exponent: values
+reach templates as floats, and 1000000 would otherwise read "1e+06".
+*/}}
+{{- define "floodgate.envValue" -}}
+{{- if and (kindIs "float64" .) (eq (float64 (int64 .)) .) }}
+{{- int64 . }}
+{{- else }}
+{{- toString . }}
+{{- end }}
+{{- end }}

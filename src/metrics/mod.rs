@@ -1,0 +1,422 @@
+//! Prometheus metrics, served as text on `GET /metrics`.
+//!
+//! Rule statistics carry envoyproxy/ratelimit's names and labels, as its statsd exporter
+//! mapping turns them into Prometheus series
+//! (`ratelimit_service_rate_limit_total_hits{domain="api",key1="user_id"}`, …), so dashboards
+//! built for it keep working; the rest are floodgate's own (`floodgate_*`).
+//!
+//! Recording stays off the hot path's bill: every count is a relaxed atomic add on memory
+//! found before the request (a rule's statistics are looked up once, on its first hit, and
+//! then kept in the rule), histograms have fixed buckets, and whatever can be read elsewhere
+//! at scrape time (the breaker's state, the over-limit cache's size) is read then.
+
+mod exposition;
+mod histogram;
+mod rule_stats;
+
+use std::time::Duration;
+
+pub use exposition::CONTENT_TYPE;
+pub use histogram::Histogram;
+pub use rule_stats::{Counter, Judged, MAX_REQUEST_LABELLED_SERIES, RuleStats, StatsSlot};
+
+use exposition::{Exposition, Kind};
+use rule_stats::{RuleRegistry, SeriesLabels};
+
+use crate::backend::{Backend, BackendError};
+use crate::limiter::Decision;
+use crate::proto::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry;
+use crate::rules::Rule;
+
+/// Everything the service counts, one per [`RateLimiter`](crate::service::RateLimiter).
+#[derive(Debug)]
+pub struct Metrics {
+    near_limit_ratio: f64,
+    rules: RuleRegistry,
+    requests: [RequestStats; Endpoint::ALL.len()],
+    config_loads: ConfigLoads,
+    global_shadow_mode: Counter,
+}
+
+impl Metrics {
+    /// `near_limit_ratio`: the share of a limit above which hits count as near it.
+    pub fn new(near_limit_ratio: f64) -> Self {
+        Metrics {
+            near_limit_ratio,
+            rules: RuleRegistry::default(),
+            requests: Default::default(),
+            config_loads: ConfigLoads::default(),
+            global_shadow_mode: Counter::default(),
+        }
+    }
+
+    /// Rule-set loads; the reload path records each attempt here.
+    pub fn config_loads(&self) -> &ConfigLoads {
+        &self.config_loads
+    }
+
+    /// The requests served on `endpoint`.
+    pub fn requests(&self, endpoint: Endpoint) -> &RequestStats {
+        &self.requests[endpoint as usize]
+    }
+
+    /// A request that global shadow mode answered OK although it was over limit.
+    pub fn record_global_shadow_mode(&self) {
+        self.global_shadow_mode.add(1);
+    }
+
+    /// Counts one descriptor's `hits` in its rule's statistics (`rule` is `None` for a
+    /// request-supplied override). `entries` are the request's, for rules whose metrics carry
+    /// request values.
+    pub fn record_rule(
+        &self,
+        domain: &str,
+        rule: Option<&Rule>,
+        entries: &[Entry],
+        hits: u64,
+        judged: Judged,
+    ) {
+        let ratio = self.near_limit_ratio;
+        let Some(rule) = rule else {
+            let keys = entries.iter().map(|entry| entry.key.clone()).collect();
+            if let Some(stats) = self.rules.request_labelled((domain.to_owned(), keys)) {
+                stats.record(hits, judged, ratio);
+            }
+            return;
+        };
+        let labelled =
+            rule.detailed_metric || (rule.metric_levels.iter()).any(|level| level.value_to_metric);
+        if labelled && let Some(stats) = self.request_labelled(domain, rule, entries) {
+            stats.record(hits, judged, ratio);
+            return;
+        }
+        let stats = rule
+            .stats
+            .get_or_init(|| self.rules.rule(configured_labels(domain, rule)));
+        stats.record(hits, judged, ratio);
+    }
+
+    /// The series of a `detailed_metric` / `value_to_metric` rule for these request values.
+    fn request_labelled(
+        &self,
+        domain: &str,
+        rule: &Rule,
+        entries: &[Entry],
+    ) -> Option<std::sync::Arc<RuleStats>> {
+        let path = (rule.metric_levels.iter())
+            .zip(entries)
+            .map(|(level, entry)| {
+                if (rule.detailed_metric || level.value_to_metric) && !entry.value.is_empty() {
+                    format!("{}_{}", entry.key, entry.value)
+                } else {
+                    level.segment.clone()
+                }
+            })
+            .collect();
+        self.rules.request_labelled((domain.to_owned(), path))
+    }
+
+    /// The whole page: these counts, and the backend's.
+    pub fn render(&self, backend: &Backend) -> String {
+        let mut page = Exposition::default();
+        self.render_rules(&mut page);
+        self.render_service(&mut page);
+        render_backend(&mut page, backend);
+        page.finish()
+    }
+
+    fn render_rules(&self, page: &mut Exposition) {
+        type Read = fn(&RuleStats) -> u64;
+        let families: [(&str, &str, Read); 6] = [
+            ("total_hits", "Hits (request cost) on the rule.", |s| {
+                s.total_hits.get()
+            }),
+            ("over_limit", "Hits over the rule's limit.", |s| {
+                s.over_limit.get()
+            }),
+            (
+                "near_limit",
+                "Hits above near_limit_ratio of the rule's limit.",
+                |s| s.near_limit.get(),
+            ),
+            ("within_limit", "Hits within the rule's limit.", |s| {
+                s.within_limit.get()
+            }),
+            (
+                "shadow_mode",
+                "Over-limit hits let through by the rule's shadow_mode.",
+                |s| s.shadow_mode.get(),
+            ),
+            (
+                "over_limit_with_local_cache",
+                "Over-limit hits answered by the over-limit cache, without the backend.",
+                |s| s.over_limit_with_local_cache.get(),
+            ),
+        ];
+        let series = self.rules.all();
+        let label_names: Vec<String> =
+            (1..=series.iter().map(|((_, p), _)| p.len()).max().unwrap_or(0))
+                .map(|level| format!("key{level}"))
+                .collect();
+        for (suffix, help, read) in families {
+            let name = format!("ratelimit_service_rate_limit_{suffix}");
+            page.family(&name, Kind::Counter, help);
+            for ((domain, path), stats) in &series {
+                let mut labels = vec![("domain", domain.as_str())];
+                labels.extend(
+                    (label_names.iter().map(String::as_str)).zip(path.iter().map(String::as_str)),
+                );
+                page.sample(&name, &labels, read(stats));
+            }
+        }
+    }
+
+    fn render_service(&self, page: &mut Exposition) {
+        let counters = [
+            (
+                "ratelimit_service_config_load_success",
+                "Rule sets loaded (the one at start-up and every reload that took effect).",
+                self.config_loads.success.get(),
+            ),
+            (
+                "ratelimit_service_config_load_error",
+                "Rule loads that failed (the rules in force stayed).",
+                self.config_loads.error.get(),
+            ),
+            (
+                "ratelimit_service_global_shadow_mode",
+                "Over-limit requests that global shadow mode answered OK.",
+                self.global_shadow_mode.get(),
+            ),
+        ];
+        for (name, help, value) in counters {
+            page.family(name, Kind::Counter, help);
+            page.sample(name, &[], value);
+        }
+
+        let name = "floodgate_requests_total";
+        page.family(
+            name,
+            Kind::Counter,
+            "Rate-limit requests served, by answer.",
+        );
+        for endpoint in Endpoint::ALL {
+            let stats = self.requests(endpoint);
+            for code in Code::ALL {
+                let labels = [
+                    ("protocol", endpoint.protocol()),
+                    ("method", endpoint.method()),
+                    ("code", code.name()),
+                ];
+                page.sample(name, &labels, stats.codes[code as usize].get());
+            }
+        }
+        let name = "floodgate_request_duration_seconds";
+        let help = "Time to answer a rate-limit request, from its decoding to its encoding.";
+        page.family(name, Kind::Histogram, help);
+        for endpoint in Endpoint::ALL {
+            let labels = [
+                ("protocol", endpoint.protocol()),
+                ("method", endpoint.method()),
+            ];
+            page.histogram(name, &labels, &self.requests(endpoint).duration.snapshot());
+        }
+    }
+}
+
+fn render_backend(page: &mut Exposition, backend: &Backend) {
+    let stats = backend.stats();
+    let name = "floodgate_backend_call_duration_seconds";
+    let help = "Time of one request's exchange with the remote backend (Redis); none on memory.";
+    page.family(name, Kind::Histogram, help);
+    page.histogram(name, &[], &stats.calls.snapshot());
+
+    let name = "floodgate_backend_errors_total";
+    let help = "Remote backend calls that failed, by kind (circuit_open: refused by the open \
+                circuit breaker without a call).";
+    page.family(name, Kind::Counter, help);
+    for kind in ErrorKind::ALL {
+        page.sample(
+            name,
+            &[("kind", kind.name())],
+            stats.errors[kind as usize].get(),
+        );
+    }
+
+    let name = "floodgate_backend_circuit_open";
+    let help = "1 while the remote backend's circuit breaker is open, else 0.";
+    page.family(name, Kind::Gauge, help);
+    page.sample(name, &[], u8::from(backend.circuit_open()));
+
+    let name = "floodgate_over_limit_cache_entries";
+    let help = "Exhausted counters remembered by the over-limit cache.";
+    page.family(name, Kind::Gauge, help);
+    page.sample(name, &[], backend.over_limit_cache_len());
+}
+
+/// The labels of a configured rule's series: its domain and its path's segments.
+fn configured_labels(domain: &str, rule: &Rule) -> SeriesLabels {
+    let path = (rule.metric_levels.iter())
+        .map(|level| level.segment.clone())
+        .collect();
+    (domain.to_owned(), path)
+}
+
+/// Rule-set loads that succeeded and failed (`ratelimit_service_config_load_*`).
+#[derive(Debug, Default)]
+pub struct ConfigLoads {
+    success: Counter,
+    error: Counter,
+}
+
+impl ConfigLoads {
+    /// Counts one load of the rules: `success` when the loaded rules took effect.
+    pub fn record(&self, success: bool) {
+        if success {
+            self.success.add(1);
+        } else {
+            self.error.add(1);
+        }
+    }
+}
+
+/// Where rate-limit requests come in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Endpoint {
+    /// gRPC `envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit`.
+    GrpcShouldRateLimit,
+    /// HTTP `POST /json`.
+    HttpJson,
+}
+
+impl Endpoint {
+    const ALL: [Endpoint; 2] = [Endpoint::GrpcShouldRateLimit, Endpoint::HttpJson];
+
+    fn protocol(self) -> &'static str {
+        match self {
+            Endpoint::GrpcShouldRateLimit => "grpc",
+            Endpoint::HttpJson => "http",
+        }
+    }
+
+    fn method(self) -> &'static str {
+        match self {
+            Endpoint::GrpcShouldRateLimit => "ShouldRateLimit",
+            Endpoint::HttpJson => "/json",
+        }
+    }
+}
+
+/// How a rate-limit request was answered.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Code {
+    Ok,
+    OverLimit,
+    /// Rejected as malformed (gRPC INVALID_ARGUMENT, HTTP 400).
+    InvalidArgument,
+    /// The backend failed and the rule left the answer to the caller (gRPC UNAVAILABLE,
+    /// HTTP 503).
+    Unavailable,
+}
+
+impl Code {
+    const ALL: [Code; 4] = [
+        Code::Ok,
+        Code::OverLimit,
+        Code::InvalidArgument,
+        Code::Unavailable,
+    ];
+
+    fn name(self) -> &'static str {
+        match self {
+            Code::Ok => "OK",
+            Code::OverLimit => "OVER_LIMIT",
+            Code::InvalidArgument => "INVALID_ARGUMENT",
+            Code::Unavailable => "UNAVAILABLE",
+        }
+    }
+}
+
+/// One endpoint's requests: how many got each answer, and how long they took.
+#[derive(Debug, Default)]
+pub struct RequestStats {
+    codes: [Counter; Code::ALL.len()],
+    duration: Histogram,
+}
+
+impl RequestStats {
+    pub fn record(&self, code: Code, elapsed: Duration) {
+        self.codes[code as usize].add(1);
+        self.duration.observe(elapsed);
+    }
+}
+
+/// Why a remote backend call failed, as `floodgate_backend_errors_total` labels it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ErrorKind {
+    Timeout,
+    Unavailable,
+    Protocol,
+    Config,
+    /// Not a call: the open circuit breaker refused it.
+    CircuitOpen,
+}
+
+impl ErrorKind {
+    const ALL: [ErrorKind; 5] = [
+        ErrorKind::Timeout,
+        ErrorKind::Unavailable,
+        ErrorKind::Protocol,
+        ErrorKind::Config,
+        ErrorKind::CircuitOpen,
+    ];
+
+    fn of(error: &BackendError) -> Self {
+        match error {
+            BackendError::Timeout(_) => ErrorKind::Timeout,
+            BackendError::Unavailable(_) => ErrorKind::Unavailable,
+            BackendError::Protocol(_) => ErrorKind::Protocol,
+            BackendError::Config(_) => ErrorKind::Config,
+        }
+    }
+
+    fn name(self) -> &'static str {
+        match self {
+            ErrorKind::Timeout => "timeout",
+            ErrorKind::Unavailable => "unavailable",
+            ErrorKind::Protocol => "protocol",
+            ErrorKind::Config => "config",
+            ErrorKind::CircuitOpen => "circuit_open",
+        }
+    }
+}
+
+/// A remote backend's calls: their duration and their failures. Owned by the
+/// [`Backend`], which records into it.
+#[derive(Debug, Default)]
+pub struct BackendStats {
+    calls: Histogram,
+    errors: [Counter; ErrorKind::ALL.len()],
+}
+
+impl BackendStats {
+    /// One call to the store that took `elapsed` and answered `results`: each kind of
+    /// failure among them counts once for the call.
+    pub fn record_call(&self, elapsed: Duration, results: &[Result<Decision, BackendError>]) {
+        self.calls.observe(elapsed);
+        let mut seen = [false; ErrorKind::ALL.len()];
+        for error in results.iter().filter_map(|result| result.as_ref().err()) {
+            seen[ErrorKind::of(error) as usize] = true;
+        }
+        for (kind, seen) in ErrorKind::ALL.into_iter().zip(seen) {
+            if seen {
+                self.errors[kind as usize].add(1);
+            }
+        }
+    }
+
+    /// A call the open circuit breaker refused.
+    pub fn record_circuit_open(&self) {
+        self.errors[ErrorKind::CircuitOpen as usize].add(1);
+    }
+}

@@ -1,0 +1,446 @@
+//! `GET /metrics` end to end: known traffic over real gRPC against the real binary, then the
+//! page parsed as Prometheus text and every count checked exactly.
+
+mod harness;
+mod redis_harness;
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use floodgate::proto::envoy::service::ratelimit::v3::RateLimitRequest;
+use harness::{Floodgate, OK, OVER_LIMIT, POLICIES, costing, descriptor, request};
+use redis_harness::RedisServer;
+
+const RULES: &str = r#"
+domain: shop
+descriptors:
+  - key: user_id
+    rate_limit: {unit: day, requests_per_unit: 5}
+  - key: plan
+    value: free
+    shadow_mode: true
+    rate_limit: {unit: day, requests_per_unit: 2}
+  - key: tenant
+    descriptors:
+      - key: path
+        detailed_metric: true
+        rate_limit: {unit: day, requests_per_unit: 10}
+  - key: route
+    value_to_metric: true
+    descriptors:
+      - key: method
+        rate_limit: {unit: day, requests_per_unit: 100}
+"#;
+
+/// One sample's labels, sorted by name.
+type Labels = BTreeMap<String, String>;
+
+/// A parsed page: every sample by name and labels, and every family's declared type.
+struct Page {
+    samples: BTreeMap<(String, Labels), f64>,
+    types: BTreeMap<String, String>,
+}
+
+impl Page {
+    /// Parses the text format, checking that each family is declared (HELP, then TYPE)
+    /// before its samples and that no sample appears twice.
+    fn parse(text: &str) -> Page {
+        let mut samples = BTreeMap::new();
+        let mut types = BTreeMap::new();
+        let mut helped = BTreeSet::new();
+        for line in text.lines() {
+            if let Some(help) = line.strip_prefix("# HELP ") {
+                let (name, _) = help.split_once(' ').expect("HELP name text");
+                helped.insert(name.to_owned());
+                continue;
+            }
+            if let Some(declared) = line.strip_prefix("# TYPE ") {
+                let (name, kind) = declared.split_once(' ').expect("TYPE name kind");
+                assert!(helped.contains(name), "TYPE before HELP: {line}");
+                assert!(types.insert(name.to_owned(), kind.to_owned()).is_none());
+                continue;
+            }
+            let (name, labels, value) = parse_sample(line);
+            let family = ["_bucket", "_sum", "_count"]
+                .iter()
+                .find_map(|suffix| {
+                    let base = name.strip_suffix(suffix)?;
+                    (types.get(base).map(String::as_str) == Some("histogram")).then_some(base)
+                })
+                .unwrap_or(&name);
+            assert!(types.contains_key(family), "sample before its TYPE: {line}");
+            let duplicate = samples.insert((name.clone(), labels), value);
+            assert!(duplicate.is_none(), "sample twice: {line}");
+        }
+        Page { samples, types }
+    }
+
+    /// The sample `name{labels}`; panics when absent.
+    fn get(&self, name: &str, labels: &[(&str, &str)]) -> f64 {
+        let key = (name.to_owned(), labels_of(labels));
+        *self
+            .samples
+            .get(&key)
+            .unwrap_or_else(|| panic!("no sample {name}{labels:?}; page has {:#?}", self.names()))
+    }
+
+    /// Every label set of `name`.
+    fn series(&self, name: &str) -> Vec<Labels> {
+        (self.samples.keys())
+            .filter(|(n, _)| n == name)
+            .map(|(_, labels)| labels.clone())
+            .collect()
+    }
+
+    fn names(&self) -> BTreeSet<&str> {
+        self.samples.keys().map(|(name, _)| name.as_str()).collect()
+    }
+}
+
+fn labels_of(labels: &[(&str, &str)]) -> Labels {
+    (labels.iter())
+        .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+        .collect()
+}
+
+/// `name{a="x",b="y"} value`, unescaping label values (`\\`, `\"`, `\n`).
+fn parse_sample(line: &str) -> (String, Labels, f64) {
+    let (name, rest) = match line.find('{') {
+        Some(brace) => (&line[..brace], &line[brace + 1..]),
+        None => {
+            let (name, value) = line.split_once(' ').expect("name value");
+            return (
+                name.to_owned(),
+                Labels::new(),
+                value.parse().expect("value"),
+            );
+        }
+    };
+    let mut labels = Labels::new();
+    let mut chars = rest.chars();
+    loop {
+        let label: String = chars.by_ref().take_while(|&c| c != '=').collect();
+        assert_eq!(
+            chars.next(),
+            Some('"'),
+            "label value opens with a quote: {line}"
+        );
+        let mut value = String::new();
+        loop {
+            match chars.next().expect("label value closes") {
+                '"' => break,
+                '\\' => match chars.next() {
+                    Some('\\') => value.push('\\'),
+                    Some('"') => value.push('"'),
+                    Some('n') => value.push('\n'),
+                    other => panic!("bad escape {other:?} in {line}"),
+                },
+                c => value.push(c),
+            }
+        }
+        labels.insert(label, value);
+        match chars.next() {
+            Some(',') => continue,
+            Some('}') => break,
+            other => panic!("unexpected {other:?} in {line}"),
+        }
+    }
+    let value = chars.as_str().trim_start_matches(' ');
+    (name.to_owned(), labels, value.parse().expect("value"))
+}
+
+async fn scrape(server: &Floodgate) -> Page {
+    let (status, body) = server.http("GET", "/metrics", "");
+    assert_eq!(status, 200, "{body}");
+    Page::parse(&body)
+}
+
+const RULE_FAMILIES: [&str; 6] = [
+    "total_hits",
+    "over_limit",
+    "near_limit",
+    "within_limit",
+    "shadow_mode",
+    "over_limit_with_local_cache",
+];
+
+/// The six rule counters of one series, in [`RULE_FAMILIES`] order.
+fn rule_counts(page: &Page, labels: &[(&str, &str)]) -> [u64; 6] {
+    RULE_FAMILIES
+        .map(|family| page.get(&format!("ratelimit_service_rate_limit_{family}"), labels) as u64)
+}
+
+/// Sends `req` `times` times; the overall codes.
+async fn send(server: &Floodgate, req: &RateLimitRequest, times: usize) -> Vec<i32> {
+    let mut client = server.client().await;
+    let mut codes = Vec::new();
+    for _ in 0..times {
+        let response = client
+            .should_rate_limit(req.clone())
+            .await
+            .expect("decision");
+        codes.push(response.get_ref().overall_code);
+    }
+    codes
+}
+
+#[tokio::test]
+async fn seven_hits_on_a_limit_of_five_count_within_near_and_over() {
+    let server = Floodgate::start(&[("shop.yaml", RULES)], &[]);
+    let alice = request("shop", vec![descriptor(&[("user_id", "alice")])]);
+    let codes = send(&server, &alice, 7).await;
+    assert_eq!(codes, [OK, OK, OK, OK, OK, OVER_LIMIT, OVER_LIMIT]);
+    let page = scrape(&server).await;
+    let user = [("domain", "shop"), ("key1", "user_id")];
+    // Near-limit threshold 0.8 × 5 = 4: the fifth hit (count 4 → 5) is the one near.
+    assert_eq!(rule_counts(&page, &user), [7, 2, 1, 5, 0, 0]);
+    for family in RULE_FAMILIES {
+        let name = format!("ratelimit_service_rate_limit_{family}");
+        assert_eq!(page.types[&name], "counter");
+    }
+}
+
+#[tokio::test]
+async fn hits_with_a_cost_split_at_the_near_and_over_thresholds() {
+    let server = Floodgate::start(&[("shop.yaml", RULES)], &[]);
+    let four = request("shop", vec![costing("user_id", "bob", 4)]);
+    let three = request("shop", vec![costing("user_id", "bob", 3)]);
+    assert_eq!(send(&server, &four, 1).await, [OK]);
+    assert_eq!(send(&server, &three, 1).await, [OVER_LIMIT]);
+    let page = scrape(&server).await;
+    // 0 → 4 is within and not above the threshold 4; 4 → 7 is rejected: 2 over, 1 near.
+    let user = [("domain", "shop"), ("key1", "user_id")];
+    assert_eq!(rule_counts(&page, &user), [7, 2, 1, 4, 0, 0]);
+}
+
+#[tokio::test]
+async fn a_shadow_rule_counts_the_hits_it_let_through() {
+    let server = Floodgate::start(&[("shop.yaml", RULES)], &[]);
+    let free = request("shop", vec![descriptor(&[("plan", "free")])]);
+    assert_eq!(send(&server, &free, 3).await, [OK, OK, OK]);
+    let page = scrape(&server).await;
+    let plan = [("domain", "shop"), ("key1", "plan_free")];
+    // Limit 2, near threshold 1: the second hit is near, the third over and shadowed.
+    assert_eq!(rule_counts(&page, &plan), [3, 1, 1, 2, 1, 0]);
+    assert_eq!(page.get("ratelimit_service_global_shadow_mode", &[]), 0.0);
+}
+
+#[tokio::test]
+async fn request_values_label_only_detailed_metric_and_value_to_metric_rules() {
+    let server = Floodgate::start(&[("shop.yaml", RULES)], &[]);
+    let path = |value: &str| {
+        request(
+            "shop",
+            vec![descriptor(&[("tenant", "acme"), ("path", value)])],
+        )
+    };
+    send(&server, &path("/a"), 2).await;
+    send(&server, &path("/q\"x\\y"), 1).await;
+    let route = request(
+        "shop",
+        vec![descriptor(&[("route", "api"), ("method", "GET")])],
+    );
+    send(&server, &route, 3).await;
+    send(
+        &server,
+        &request("shop", vec![descriptor(&[("user_id", "u1")])]),
+        1,
+    )
+    .await;
+    send(
+        &server,
+        &request("shop", vec![descriptor(&[("user_id", "u2")])]),
+        1,
+    )
+    .await;
+
+    let page = scrape(&server).await;
+    let total = "ratelimit_service_rate_limit_total_hits";
+    let series: BTreeSet<Labels> = page.series(total).into_iter().collect();
+    let expected: BTreeSet<Labels> = [
+        labels_of(&[
+            ("domain", "shop"),
+            ("key1", "tenant_acme"),
+            ("key2", "path_/a"),
+        ]),
+        labels_of(&[
+            ("domain", "shop"),
+            ("key1", "tenant_acme"),
+            ("key2", "path_/q\"x\\y"),
+        ]),
+        labels_of(&[
+            ("domain", "shop"),
+            ("key1", "route_api"),
+            ("key2", "method"),
+        ]),
+        labels_of(&[("domain", "shop"), ("key1", "user_id")]),
+    ]
+    .into_iter()
+    .collect();
+    assert_eq!(series, expected);
+    let value = |labels: &[(&str, &str)]| page.get(total, labels) as u64;
+    assert_eq!(
+        value(&[
+            ("domain", "shop"),
+            ("key1", "tenant_acme"),
+            ("key2", "path_/a")
+        ]),
+        2
+    );
+    assert_eq!(
+        value(&[
+            ("domain", "shop"),
+            ("key1", "tenant_acme"),
+            ("key2", "path_/q\"x\\y")
+        ]),
+        1
+    );
+    assert_eq!(
+        value(&[
+            ("domain", "shop"),
+            ("key1", "route_api"),
+            ("key2", "method")
+        ]),
+        3
+    );
+    // Two users, one series: a rule without the options never carries request values.
+    assert_eq!(value(&[("domain", "shop"), ("key1", "user_id")]), 2);
+}
+
+#[tokio::test]
+async fn request_counts_and_latency_cover_every_answer_on_both_transports() {
+    let server = Floodgate::start(&[("shop.yaml", RULES)], &[]);
+    let alice = request("shop", vec![descriptor(&[("user_id", "alice")])]);
+    send(&server, &alice, 7).await;
+    // An unknown domain: no limit, and no rule series.
+    let unknown = request("nowhere", vec![descriptor(&[("user_id", "alice")])]);
+    assert_eq!(send(&server, &unknown, 2).await, [OK, OK]);
+    let invalid = server
+        .ask_err(request("", vec![descriptor(&[("k", "v")])]))
+        .await;
+    assert_eq!(invalid.code(), tonic::Code::InvalidArgument);
+    let body =
+        r#"{"domain":"shop","descriptors":[{"entries":[{"key":"user_id","value":"carol"}]}]}"#;
+    assert_eq!(server.http("POST", "/json", body).0, 200);
+    assert_eq!(server.http("POST", "/json", "not json").0, 400);
+
+    let page = scrape(&server).await;
+    let requests = |protocol: &str, method: &str, code: &str| {
+        let labels = [("protocol", protocol), ("method", method), ("code", code)];
+        page.get("floodgate_requests_total", &labels) as u64
+    };
+    assert_eq!(requests("grpc", "ShouldRateLimit", "OK"), 7);
+    assert_eq!(requests("grpc", "ShouldRateLimit", "OVER_LIMIT"), 2);
+    assert_eq!(requests("grpc", "ShouldRateLimit", "INVALID_ARGUMENT"), 1);
+    assert_eq!(requests("grpc", "ShouldRateLimit", "UNAVAILABLE"), 0);
+    assert_eq!(requests("http", "/json", "OK"), 1);
+    assert_eq!(requests("http", "/json", "INVALID_ARGUMENT"), 1);
+
+    let duration = "floodgate_request_duration_seconds";
+    assert_eq!(page.types[duration], "histogram");
+    let grpc = [("protocol", "grpc"), ("method", "ShouldRateLimit")];
+    assert_eq!(page.get(&format!("{duration}_count"), &grpc), 10.0);
+    let inf = [grpc[0], grpc[1], ("le", "+Inf")];
+    assert_eq!(page.get(&format!("{duration}_bucket"), &inf), 10.0);
+    let http = [("protocol", "http"), ("method", "/json")];
+    assert_eq!(page.get(&format!("{duration}_count"), &http), 2.0);
+    assert!(page.get(&format!("{duration}_sum"), &grpc) > 0.0);
+
+    let domains: BTreeSet<String> = (page.series("ratelimit_service_rate_limit_total_hits"))
+        .into_iter()
+        .map(|labels| labels["domain"].clone())
+        .collect();
+    assert_eq!(domains, BTreeSet::from(["shop".to_owned()]));
+    assert_eq!(page.get("ratelimit_service_config_load_success", &[]), 1.0);
+    assert_eq!(page.get("ratelimit_service_config_load_error", &[]), 0.0);
+    // The memory backend makes no remote calls and has no breaker or cache.
+    assert_eq!(
+        page.get("floodgate_backend_call_duration_seconds_count", &[]),
+        0.0
+    );
+    assert_eq!(page.get("floodgate_backend_circuit_open", &[]), 0.0);
+    assert_eq!(page.get("floodgate_over_limit_cache_entries", &[]), 0.0);
+}
+
+#[tokio::test]
+async fn global_shadow_mode_counts_the_requests_it_let_through() {
+    let server = Floodgate::start(&[("shop.yaml", RULES)], &["--shadow-mode"]);
+    let alice = request("shop", vec![descriptor(&[("user_id", "alice")])]);
+    assert_eq!(send(&server, &alice, 7).await, [OK; 7]);
+    let page = scrape(&server).await;
+    assert_eq!(page.get("ratelimit_service_global_shadow_mode", &[]), 2.0);
+    let user = [("domain", "shop"), ("key1", "user_id")];
+    // The rule is not in shadow mode itself: its rejections are over_limit, not shadow_mode.
+    assert_eq!(rule_counts(&page, &user), [7, 2, 1, 5, 0, 0]);
+}
+
+#[tokio::test]
+async fn a_dead_redis_shows_in_backend_errors_and_the_breaker_gauge() {
+    let server = Floodgate::start_with_env(
+        &[("policies.yaml", POLICIES)],
+        &["--backend", "redis", "--redis-url", "redis://127.0.0.1:1"],
+        // No probe during the test: the breaker stays open once it opened.
+        &[
+            ("FLOODGATE_REDIS_BREAKER_COOLDOWN_MS", "600000"),
+            ("FLOODGATE_REDIS_COMMAND_TIMEOUT_MS", "2000"),
+        ],
+    );
+    let open = request("policy", vec![descriptor(&[("open_rule", "x")])]);
+    // Five failed calls open the breaker (redis_breaker_failures = 5); the sixth is refused.
+    assert_eq!(send(&server, &open, 6).await, [OK; 6]);
+    let error = request("policy", vec![descriptor(&[("error_rule", "x")])]);
+    assert_eq!(server.ask_err(error).await.code(), tonic::Code::Unavailable);
+
+    let page = scrape(&server).await;
+    let errors = |kind: &str| page.get("floodgate_backend_errors_total", &[("kind", kind)]) as u64;
+    assert_eq!(errors("unavailable"), 5);
+    assert_eq!(errors("timeout"), 0);
+    assert_eq!(errors("protocol"), 0);
+    assert_eq!(errors("circuit_open"), 2);
+    assert_eq!(
+        page.get("floodgate_backend_call_duration_seconds_count", &[]),
+        5.0
+    );
+    assert_eq!(page.get("floodgate_backend_circuit_open", &[]), 1.0);
+    // fail_open answers are no counter's decision: hits, and nothing else.
+    let rule = [("domain", "policy"), ("key1", "open_rule")];
+    assert_eq!(rule_counts(&page, &rule), [6, 0, 0, 0, 0, 0]);
+    let requests = |code: &str| {
+        let labels = [
+            ("protocol", "grpc"),
+            ("method", "ShouldRateLimit"),
+            ("code", code),
+        ];
+        page.get("floodgate_requests_total", &labels) as u64
+    };
+    assert_eq!((requests("OK"), requests("UNAVAILABLE")), (6, 1));
+}
+
+#[tokio::test]
+async fn exhausted_counters_answered_by_the_local_cache_count_as_such() {
+    let redis = RedisServer::start();
+    let rules = "
+domain: cache
+descriptors:
+  - key: client
+    rate_limit: {unit: day, requests_per_unit: 2}
+";
+    let server = Floodgate::start_with_env(
+        &[("cache.yaml", rules)],
+        &["--backend", "redis", "--redis-url", &redis.url()],
+        &[("FLOODGATE_REDIS_COMMAND_TIMEOUT_MS", "2000")],
+    );
+    let hammer = request("cache", vec![descriptor(&[("client", "abuser")])]);
+    let codes = send(&server, &hammer, 5).await;
+    assert_eq!(codes, [OK, OK, OVER_LIMIT, OVER_LIMIT, OVER_LIMIT]);
+
+    let page = scrape(&server).await;
+    let rule = [("domain", "cache"), ("key1", "client")];
+    // Redis answers three (the third exhausts the counter); the cache the last two.
+    assert_eq!(rule_counts(&page, &rule), [5, 3, 1, 2, 0, 2]);
+    assert_eq!(page.get("floodgate_over_limit_cache_entries", &[]), 1.0);
+    assert_eq!(
+        page.get("floodgate_backend_call_duration_seconds_count", &[]),
+        3.0
+    );
+    assert_eq!(page.get("floodgate_backend_circuit_open", &[]), 0.0);
+}
