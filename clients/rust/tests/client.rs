@@ -149,6 +149,11 @@ async fn a_refused_request_is_an_invalid_argument_error() {
         message.contains("empty key"),
         "the server's reason is kept: {message}"
     );
+    assert_eq!(
+        server.calls_answered("INVALID_ARGUMENT"),
+        1,
+        "a refused request is not retried"
+    );
 }
 
 #[tokio::test]

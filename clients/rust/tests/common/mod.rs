@@ -3,7 +3,7 @@
 
 #![allow(dead_code)]
 
-use std::io::{BufRead, BufReader};
+use std::io::{BufRead, BufReader, Read, Write};
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
@@ -18,6 +18,7 @@ pub const DOMAIN: &str = "client_test";
 pub struct Floodgate {
     child: Child,
     pub grpc_addr: SocketAddr,
+    pub http_addr: SocketAddr,
 }
 
 impl Floodgate {
@@ -39,11 +40,32 @@ impl Floodgate {
         BufReader::new(stdout)
             .read_line(&mut first_line)
             .expect("reading floodgate's stdout");
-        let grpc_addr = grpc_addr(&first_line).unwrap_or_else(|| {
+        let (Some(grpc_addr), Some(http_addr)) =
+            (address(&first_line, "grpc="), address(&first_line, "http="))
+        else {
             let _ = child.kill();
             panic!("floodgate did not announce its ports; first line: {first_line:?}")
-        });
-        Floodgate { child, grpc_addr }
+        };
+        Floodgate {
+            child,
+            grpc_addr,
+            http_addr,
+        }
+    }
+
+    /// How many `ShouldRateLimit` calls the server answered with `code` (`OK`,
+    /// `INVALID_ARGUMENT`, …), from its `/metrics`: what reached the server, retries included.
+    pub fn calls_answered(&self, code: &str) -> u64 {
+        let mut stream = std::net::TcpStream::connect(self.http_addr).expect("metrics port");
+        write!(stream, "GET /metrics HTTP/1.0\r\n\r\n").expect("request /metrics");
+        let mut page = String::new();
+        stream.read_to_string(&mut page).expect("read /metrics");
+        let series = format!(
+            "floodgate_requests_total{{protocol=\"grpc\",method=\"ShouldRateLimit\",code=\"{code}\"}} "
+        );
+        page.lines()
+            .find_map(|line| line.strip_prefix(&series))
+            .map_or(0, |value| value.trim().parse().expect("a count"))
     }
 
     /// The URL a client connects to.
@@ -112,10 +134,10 @@ fn binary() -> PathBuf {
     path
 }
 
-/// The gRPC address in `floodgate listening: grpc=ADDR http=ADDR`.
-fn grpc_addr(line: &str) -> Option<SocketAddr> {
+/// The address after `name` (`grpc=`, `http=`) in `floodgate listening: grpc=ADDR http=ADDR`.
+fn address(line: &str, name: &str) -> Option<SocketAddr> {
     line.split_whitespace()
-        .find_map(|word| word.strip_prefix("grpc="))?
+        .find_map(|word| word.strip_prefix(name))?
         .parse()
         .ok()
 }
