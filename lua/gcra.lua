@@ -5,45 +5,26 @@
 -- With T the token interval and B the capacity, it admits exactly what a token bucket of B
 -- tokens refilled every T admits, in one number instead of two.
 --
--- State: the string KEYS[1] = tat, expiring at the TAT; no key is a full allowance.
--- Runs after lua/prelude.lua (key, quota, window_micros, amount, negative, now, number,
--- int). Arguments and reply: lua/README.md.
-
-local capacity = number(5)
-local interval = number(6)
-
--- Writes the TAT with a TTL ending at it (rounded up to the millisecond): SET … PX with the
--- time left equals PEXPIREAT tat on Redis' clock. A TAT at or before now is the same as none.
-local function store(tat)
-  if tat <= now then
-    redis.call('DEL', key)
-    return
-  end
-  redis.call('SET', key, int(tat), 'PX', ttl_millis(tat))
-end
+-- State: the string key = tat, expiring at the TAT; no key is a full allowance.
 
 -- min(B, (now + B*T - tat) / T), 0 when the TAT is more than a whole burst ahead (possible
 -- after a reload lowers the burst).
-local function remaining(tat, burst_span)
+local function gcra_remaining(limit, tat)
   if tat <= now then
-    return capacity
+    return limit.capacity
   end
-  return math.min(capacity, math.floor(math.max(0, burst_span - (tat - now)) / interval))
+  local burst_span = limit.capacity * limit.interval
+  return math.min(limit.capacity, math.floor(math.max(0, burst_span - (tat - now)) / limit.interval))
 end
 
 -- The allowance grows from `remaining` to `remaining + 1` when the TAT is only
 -- (B - remaining - 1) * T ahead of the clock; 0 when the allowance is full.
-local function until_next_unit(tat, remaining)
+local function until_next_unit(limit, tat, remaining)
   if tat <= now then
     return 0
   end
-  local ahead_then = math.max(0, capacity - remaining - 1) * interval
+  local ahead_then = math.max(0, limit.capacity - remaining - 1) * limit.interval
   return math.max(0, (tat - now) - ahead_then)
-end
-
--- counter.rs: a limit that admits nothing answers without touching the state.
-if quota == 0 or capacity == 0 then
-  return { (amount == 0 or negative) and 1 or 0, 0, window_micros }
 end
 
 --   new_tat  = max(tat, now) + cost * T
@@ -51,10 +32,13 @@ end
 --
 -- A give-back moves the TAT back by cost * T, never before now, and leaves a full allowance
 -- as it is.
-local function hit()
-  local burst_span = capacity * interval
-  local cost_span = amount * interval
-  local tat = tonumber(redis.call('GET', key)) or 0
+algorithms.gcra = function(call, key, limit, amount, negative)
+  if limit.quota == 0 or limit.capacity == 0 then
+    return admits_nothing(limit, amount, negative)
+  end
+  local burst_span = limit.capacity * limit.interval
+  local cost_span = amount * limit.interval
+  local tat = tonumber(call('GET', key)) or 0
   local allowed, next = true, tat
   if amount == 0 then
     allowed = true
@@ -72,10 +56,14 @@ local function hit()
     end
   end
   if next ~= tat then
-    store(next)
+    -- SET … PX with the time left equals PEXPIREAT tat on Redis' clock. A TAT at or before
+    -- now is the same as none.
+    if next <= now then
+      call('DEL', key)
+    else
+      call('SET', key, int(next), 'PX', ttl_millis(next))
+    end
   end
-  local left = remaining(next, burst_span)
-  return { allowed and 1 or 0, left, until_next_unit(next, left) }
+  local left = gcra_remaining(limit, next)
+  return allowed, left, until_next_unit(limit, next, left)
 end
-
-return hit()

@@ -1,37 +1,26 @@
--- The prelude of every floodgate script: src/backend/redis/script.rs puts it before each
--- algorithm's body, so the five scripts share one reading of the arguments and the clock.
--- Arguments and reply: lua/README.md. All numbers are integer microseconds held in doubles,
--- exact below 2^53.
+#!lua flags=allow-cross-slot-keys
+-- The prelude of floodgate's one script: src/backend/redis/script.rs joins it, the five
+-- algorithms, all_or_nothing.lua and batch.lua into a single text, loaded once and called by
+-- EVALSHA. The flag lets one call touch counters of several hash slots owned by the node it
+-- runs on (a cluster batch); on a standalone Redis it changes nothing.
+--
+-- Each algorithm registers `algorithms.<name> = function(call, key, limit, amount, negative)`
+-- that decides one hit and answers `allowed, remaining, reset_us`. `call` is redis.call, or
+-- all_or_nothing.lua's recording stand-in. `limit` is a table read once per call of the
+-- script (batch.lua). Layout and reply: lua/README.md. All numbers are integer microseconds
+-- held in doubles, exact below 2^53.
 
-local key = KEYS[1]
+local algorithms = {}
 
-local function number(index)
-  local value = tonumber(ARGV[index])
-  if value == nil then
-    error('ARGV[' .. index .. '] must be an integer, got ' .. tostring(ARGV[index]))
-  end
-  return value
-end
+-- The instant every counter of this call is decided at: Redis' own TIME, read once by
+-- batch.lua, or the caller's instant in tests (`supplied`).
+local now
+local supplied = false
 
 -- Integers as decimal digits: tostring() would keep only 14 significant digits.
 local function int(value)
   return string.format('%.0f', value)
 end
-
--- The caller's instant (tests), or Redis' own clock, the same for every replica.
-local function clock()
-  if ARGV[7] ~= '' then
-    return number(7)
-  end
-  local time = redis.call('TIME')
-  return tonumber(time[1]) * 1000000 + tonumber(time[2])
-end
-
-local quota = number(1)
-local window_micros = number(2)
-local amount = number(3)
-local negative = ARGV[4] == '1'
-local now = clock()
 
 -- Milliseconds from now until expires_at, rounded up: the TTL that ends a key just after its
 -- state stops mattering. When the caller supplies the time (tests), Redis still expires keys
@@ -40,8 +29,27 @@ local now = clock()
 -- outlives its useful life reads as a fresh counter, so the slack changes no decision.
 local function ttl_millis(expires_at)
   local millis = math.ceil((expires_at - now) / 1000)
-  if ARGV[7] ~= '' then
+  if supplied then
     millis = millis + 60000
   end
   return int(millis)
+end
+
+-- Writes a hash state with a TTL ending at expires_at (rounded up to the millisecond).
+-- PEXPIRE with the time left equals PEXPIREAT expires_at on Redis' clock, and Redis
+-- propagates it to replicas as PEXPIREAT. A state that has expired already is the same as
+-- none.
+local function store(call, key, expires_at, ...)
+  if expires_at <= now then
+    call('DEL', key)
+    return
+  end
+  call('HSET', key, ...)
+  call('PEXPIRE', key, ttl_millis(expires_at))
+end
+
+-- counter.rs: a limit that admits nothing (requests_per_unit 0, or a bucket of capacity 0)
+-- answers without touching the state.
+local function admits_nothing(limit, amount, negative)
+  return (amount == 0 or negative), 0, limit.window
 end

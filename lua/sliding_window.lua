@@ -7,20 +7,7 @@
 --   share    = floor(prev * ((W - elapsed) / W))
 --   weighted = cur + share
 --
--- State: the hash KEYS[1] = {window_start, prev, cur}, expiring two windows after
--- window_start. Runs after lua/prelude.lua. Arguments and reply: lua/README.md.
-
--- Writes the state with a TTL ending at expires_at (rounded up to the millisecond). PEXPIRE
--- with the time left equals PEXPIREAT expires_at on Redis' clock, and Redis propagates it to
--- replicas as PEXPIREAT. A state that has expired already is the same as none.
-local function store(expires_at, ...)
-  if expires_at <= now then
-    redis.call('DEL', key)
-    return
-  end
-  redis.call('HSET', key, ...)
-  redis.call('PEXPIRE', key, ttl_millis(expires_at))
-end
+-- State: the hash key = {window_start, prev, cur}, expiring two windows after window_start.
 
 -- The part of a window count of `count` that still weighs `elapsed` µs into the next window.
 -- Non-increasing in `elapsed`, `count` at 0 and 0 at `w`.
@@ -56,18 +43,17 @@ local function until_next_drop(prev, cur, elapsed, w)
   return 0
 end
 
--- counter.rs: a limit that admits nothing answers without touching the state.
-if quota == 0 then
-  return { (amount == 0 or negative) and 1 or 0, 0, window_micros }
-end
-
 -- Allowed iff weighted + cost <= limit, then the cost is added to the current window. A
 -- give-back takes from the current window first, then the previous.
-local function hit()
-  local w = window_micros
+algorithms.sliding_window = function(call, key, limit, amount, negative)
+  local quota = limit.quota
+  if quota == 0 then
+    return admits_nothing(limit, amount, negative)
+  end
+  local w = limit.window
   local window_start = now - now % w
   local elapsed = now - window_start
-  local state = redis.call('HMGET', key, 'window_start', 'prev', 'cur')
+  local state = call('HMGET', key, 'window_start', 'prev', 'cur')
   local stored_start = tonumber(state[1])
   local prev, cur = 0, 0
   if stored_start == window_start then
@@ -86,15 +72,9 @@ local function hit()
     allowed, next_prev, next_cur = false, prev, cur
   end
   if next_prev ~= prev or next_cur ~= cur then
-    store(window_start + 2 * w, 'window_start', int(window_start), 'prev', int(next_prev),
-      'cur', int(next_cur))
+    store(call, key, window_start + 2 * w, 'window_start', int(window_start),
+      'prev', int(next_prev), 'cur', int(next_cur))
   end
   weighted = next_cur + share(next_prev, elapsed, w)
-  return {
-    allowed and 1 or 0,
-    math.max(0, quota - weighted),
-    until_next_drop(next_prev, next_cur, elapsed, w),
-  }
+  return allowed, math.max(0, quota - weighted), until_next_drop(next_prev, next_cur, elapsed, w)
 end
-
-return hit()

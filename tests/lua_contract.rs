@@ -1,14 +1,17 @@
 //! What `lua/README.md` promises beyond the decisions, checked on a real `redis-server`: every
 //! key dies just after its state's useful life, hits that change nothing write nothing, the
 //! scripts read Redis' clock and pick the calendar window of Redis' now, a flushed script
-//! cache answers NOSCRIPT, and an all-or-nothing call that is rejected leaves every key as it
-//! was, byte for byte and with its expiry.
+//! cache answers NOSCRIPT, an all-or-nothing call that is rejected leaves every key as it
+//! was, byte for byte and with its expiry, and a batch of many requests' hits decides each
+//! exactly as separate calls in the same order would.
 
 mod lua_support;
 mod redis_harness;
 
 use deadpool_redis::redis;
-use floodgate::backend::redis::script::{PlannedHit, ScriptClock, Scripts, add_call, sequence_key};
+use floodgate::backend::redis::script::{
+    Group, Mode, PlannedHit, ScriptClock, Scripts, add_call, sequence_key,
+};
 use floodgate::limiter::{
     Algorithm, Counter, CounterKey, Decision, Hits, Limit, SECOND_MICROS, Timezone, Unit,
 };
@@ -482,4 +485,124 @@ async fn a_non_binding_rejection_in_an_all_or_nothing_call_undoes_nothing() {
     assert!(applied);
     let left = hit_now(&mut connection, &scripts, &a, &limit, Hits::take(0)).await;
     assert_eq!(left.remaining, 3);
+}
+
+#[tokio::test]
+async fn a_batch_decides_every_hit_as_separate_calls_in_the_same_order_would() {
+    let (_server, mut connection, scripts) = start().await;
+    let limits: Vec<Limit> = Algorithm::ALL.into_iter().map(limit).collect();
+    // Every algorithm, each counter hit several times, give-backs and checks among them,
+    // and an all-or-nothing request in the middle that is rejected and one that passes.
+    let costs = [
+        Hits::take(2),
+        Hits::take(4),
+        Hits::give_back(1),
+        Hits::take(0),
+        Hits::take(3),
+    ];
+    let keys: Vec<(String, String)> = limits
+        .iter()
+        .map(|limit| (name("batched", limit), name("one-by-one", limit)))
+        .collect();
+    let each = |pick: fn(&(String, String)) -> &String, round: usize| -> Vec<PlannedHit<'_>> {
+        limits
+            .iter()
+            .zip(&keys)
+            .map(|(limit, names)| planned(pick(names), limit, costs[round]))
+            .collect()
+    };
+    let rounds: Vec<Vec<PlannedHit<'_>>> = (0..costs.len()).map(|r| each(|k| &k.0, r)).collect();
+    let rejected = [
+        planned(&keys[0].0, &limits[0], Hits::take(1)),
+        planned(&keys[1].0, &limits[1], Hits::take(50)),
+    ];
+    let passes = [planned(&keys[2].0, &limits[2], Hits::take(1))];
+    let mut groups: Vec<Group<'_>> = Vec::new();
+    for (round, hits) in rounds.iter().enumerate() {
+        groups.push(Group {
+            mode: Mode::Each,
+            hits,
+        });
+        if round == 1 {
+            groups.push(Group {
+                mode: Mode::AllOrNothing,
+                hits: &rejected,
+            });
+            groups.push(Group {
+                mode: Mode::AllOrNothing,
+                hits: &passes,
+            });
+        }
+    }
+    let batched = lua_support::batch(&mut connection, &scripts, &groups, PARIS_NOV_15)
+        .await
+        .expect("a reply");
+    assert_eq!(batched.applied, [Some(false), Some(true)]);
+
+    // The same hits, one call each, on the other keys: the rejected request changes nothing,
+    // so only the passing one is replayed.
+    let mut separate = Vec::new();
+    for group in &groups {
+        for hit in group.hits {
+            let other = keys
+                .iter()
+                .find(|names| names.0 == hit.key)
+                .map(|names| names.1.as_str())
+                .expect("a batched key");
+            let decision = if group.mode == Mode::AllOrNothing && group.hits.len() == 2 {
+                Decision {
+                    allowed: hit.hits.amount <= 8,
+                    ..hit_now(&mut connection, &scripts, other, hit.limit, Hits::take(0)).await
+                }
+            } else {
+                hit_now(&mut connection, &scripts, other, hit.limit, hit.hits).await
+            };
+            separate.push(Ok(decision));
+        }
+    }
+    assert_eq!(batched.decisions, separate);
+}
+
+#[tokio::test]
+async fn an_error_fails_its_own_hit_and_the_rest_of_the_batch_is_decided() {
+    let (_server, mut connection, scripts) = start().await;
+    let limit = limit(Algorithm::FixedWindow);
+    let (wrong, fine) = (name("wrong-type", &limit), name("fine", &limit));
+    redis::cmd("SET")
+        .arg(&wrong)
+        .arg("not a hash")
+        .exec_async(&mut connection)
+        .await
+        .expect("SET");
+    let hits = [
+        planned(&wrong, &limit, Hits::take(1)),
+        planned(&fine, &limit, Hits::take(1)),
+    ];
+    let all = [
+        planned(&fine, &limit, Hits::take(1)),
+        planned(&wrong, &limit, Hits::take(1)),
+    ];
+    let groups = [
+        Group {
+            mode: Mode::Each,
+            hits: &hits,
+        },
+        Group {
+            mode: Mode::AllOrNothing,
+            hits: &all,
+        },
+    ];
+    let reply = lua_support::batch(&mut connection, &scripts, &groups, PARIS_NOV_15)
+        .await
+        .expect("a reply");
+    assert!(
+        matches!(&reply.decisions[0], Err(message) if message.contains("WRONGTYPE")),
+        "{reply:?}"
+    );
+    assert_eq!(reply.decisions[1].as_ref().map(|d| d.remaining), Ok(4));
+    assert_eq!(reply.applied, [None]);
+    assert!(reply.decisions[2..].iter().all(Result::is_err), "{reply:?}");
+    // The failed group put back what its first hit wrote.
+    let left = hit_now(&mut connection, &scripts, &fine, &limit, Hits::take(0)).await;
+    assert_eq!(left.remaining, 4);
 }

@@ -1,12 +1,13 @@
-//! Drives the Lua scripts the way the Redis backend does (`add_call`, `decision`), one hit
-//! per round trip, at an instant the test chooses.
+//! Drives the Lua script the way the Redis backend does (`batch_call`, `batch_reply`), at an
+//! instant the test chooses: one hit per round trip, one all-or-nothing request, or a batch.
 
 #![allow(dead_code)]
 
 use deadpool_redis::redis;
 use deadpool_redis::redis::aio::ConnectionLike;
 use floodgate::backend::redis::script::{
-    PlannedHit, ScriptClock, Scripts, add_call, all_or_nothing_call, all_or_nothing_reply, decision,
+    BatchReply, Declare, Group, PlannedHit, ScriptClock, Scripts, add_call, all_or_nothing_call,
+    all_or_nothing_reply, batch_call, batch_reply, decision,
 };
 use floodgate::limiter::{Decision, Hits, Limit};
 
@@ -76,5 +77,29 @@ pub async fn all_or_nothing<C: ConnectionLike>(
         .query_async(connection)
         .await
         .map_err(|e| format!("EVALSHA failed: {e}"))?;
-    all_or_nothing_reply(&reply, planned.len())
+    all_or_nothing_reply(&reply, planned)
+}
+
+/// One batch call of `groups` at `now`, as the Redis backend makes it: each hit's decision
+/// (or error message), and each all-or-nothing group's `applied`.
+pub async fn batch<C: ConnectionLike>(
+    connection: &mut C,
+    scripts: &Scripts,
+    groups: &[Group<'_>],
+    now: u64,
+) -> Result<BatchReply, String> {
+    let command = batch_call(
+        scripts,
+        groups,
+        Declare::Nothing,
+        ScriptClock::Fixed(now),
+        now,
+    );
+    let mut pipe = redis::pipe();
+    pipe.ignore_errors().add_command(command);
+    let replies: Vec<redis::Value> = pipe
+        .query_async(connection)
+        .await
+        .map_err(|e| format!("EVALSHA failed: {e}"))?;
+    batch_reply(&replies[0], groups)
 }

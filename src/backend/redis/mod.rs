@@ -211,68 +211,43 @@ impl<'a> Call<'a> {
     }
 }
 
-/// Runs `calls` on one connection as one pipeline; then, if the server had lost its
-/// scripts, loads them and sends just the calls it refused, so nothing is counted twice.
-/// `local_now` is this process's clock, for calendar window boundaries only.
+/// Runs `calls` on one connection as one script call, each hit decided on its own; then,
+/// if the server had lost the script, loads it and sends the call once more (a NOSCRIPT
+/// reply means nothing ran, so nothing is counted twice). `local_now` is this process's
+/// clock, for calendar window boundaries only.
 pub(crate) async fn run_calls<C: redis::aio::ConnectionLike>(
     connection: &mut C,
     scripts: &Scripts,
     calls: &[Call<'_>],
     local_now: u64,
 ) -> Result<Vec<Result<Decision, BackendError>>, BackendError> {
-    let pipeline = |indices: &mut dyn Iterator<Item = usize>| {
-        let mut pipe = redis::pipe();
-        pipe.ignore_errors();
-        for i in indices {
-            let call = &calls[i];
-            let hit = call.hit;
-            script::add_call(
-                &mut pipe,
-                scripts,
-                &call.key,
-                &hit.limit,
-                hit.hits,
-                ScriptClock::Redis,
-                local_now,
-            );
-        }
-        pipe
-    };
-
-    let replies: Vec<redis::Value> = pipeline(&mut (0..calls.len()))
-        .query_async(connection)
-        .await
-        .map_err(unavailable)?;
-    let mut results: Vec<Result<Decision, BackendError>> =
-        replies.iter().map(reply_to_result).collect();
-
-    let refused: Vec<usize> = (0..replies.len())
-        .filter(|&i| is_noscript(&replies[i]))
-        .collect();
-    if !refused.is_empty() {
-        tracing::info!(
-            calls = refused.len(),
-            "redis lost its scripts; loading them again"
-        );
-        load_scripts(connection, scripts).await?;
-        let retried: Vec<redis::Value> = pipeline(&mut refused.iter().copied())
-            .query_async(connection)
-            .await
-            .map_err(unavailable)?;
-        for (i, reply) in refused.into_iter().zip(&retried) {
-            results[i] = reply_to_result(reply);
-        }
-    }
-    Ok(results)
+    run_group(connection, scripts, calls, script::Mode::Each, local_now).await
 }
 
-/// Runs `calls` as one all-or-nothing script call (loading the scripts and sending it once
-/// more if the server had lost them). A failed script fails every call: it ran entirely or
-/// not at all.
+/// Runs `calls` as one all-or-nothing group (loading the script and sending it once more
+/// if the server had lost it). A failed group fails every call: it ran entirely or not at
+/// all.
 async fn run_all_or_nothing<C: redis::aio::ConnectionLike>(
     connection: &mut C,
     scripts: &Scripts,
     calls: &[Call<'_>],
+    local_now: u64,
+) -> Result<Vec<Result<Decision, BackendError>>, BackendError> {
+    run_group(
+        connection,
+        scripts,
+        calls,
+        script::Mode::AllOrNothing,
+        local_now,
+    )
+    .await
+}
+
+async fn run_group<C: redis::aio::ConnectionLike>(
+    connection: &mut C,
+    scripts: &Scripts,
+    calls: &[Call<'_>],
+    mode: script::Mode,
     local_now: u64,
 ) -> Result<Vec<Result<Decision, BackendError>>, BackendError> {
     let planned: Vec<script::PlannedHit<'_>> = calls
@@ -284,25 +259,41 @@ async fn run_all_or_nothing<C: redis::aio::ConnectionLike>(
             binding: call.hit.binding,
         })
         .collect();
-    let command = script::all_or_nothing_call(scripts, &planned, ScriptClock::Redis, local_now);
+    let groups = [script::Group {
+        mode,
+        hits: &planned,
+    }];
+    let command = script::batch_call(
+        scripts,
+        &groups,
+        script::Declare::Nothing,
+        ScriptClock::Redis,
+        local_now,
+    );
     let mut reply = query_one(connection, &command).await?;
     if is_noscript(&reply) {
-        tracing::info!("redis lost its scripts; loading them again");
+        tracing::info!("redis lost its script; loading it again");
         load_scripts(connection, scripts).await?;
         reply = query_one(connection, &command).await?;
     }
-    let outcome = match &reply {
-        redis::Value::ServerError(error) => {
-            Err(BackendError::Unavailable(format!("redis: {error}")))
+    Ok(batch_results(&reply, &groups))
+}
+
+/// Each hit's result from a batch call's reply: its decision, or why it has none.
+pub(crate) fn batch_results(
+    reply: &redis::Value,
+    groups: &[script::Group<'_>],
+) -> Vec<Result<Decision, BackendError>> {
+    let hits = groups.iter().map(|group| group.hits.len()).sum();
+    match script::batch_reply(reply, groups) {
+        Ok(read) => (read.decisions.into_iter())
+            .map(|decision| decision.map_err(|e| BackendError::Unavailable(format!("redis: {e}"))))
+            .collect(),
+        Err(error) if matches!(reply, redis::Value::ServerError(_)) => {
+            vec![Err(BackendError::Unavailable(error)); hits]
         }
-        reply => script::all_or_nothing_reply(reply, calls.len())
-            .map(|(_, decisions)| decisions)
-            .map_err(BackendError::Protocol),
-    };
-    Ok(match outcome {
-        Ok(decisions) => decisions.into_iter().map(Ok).collect(),
-        Err(error) => vec![Err(error); calls.len()],
-    })
+        Err(error) => vec![Err(BackendError::Protocol(error)); hits],
+    }
 }
 
 /// One command's reply, an error reply included (as a value, so NOSCRIPT can be told apart).
@@ -340,10 +331,16 @@ fn is_noscript(reply: &redis::Value) -> bool {
         if error.kind() == Some(redis::ServerErrorKind::NoScript))
 }
 
+/// The result of a call of one hit ([`script::add_call`]).
 fn reply_to_result(reply: &redis::Value) -> Result<Decision, BackendError> {
     match reply {
         redis::Value::ServerError(error) => {
             Err(BackendError::Unavailable(format!("redis: {error}")))
+        }
+        redis::Value::Array(items) if items.len() > 3 => {
+            // An error of the hit itself: its message follows the three numbers.
+            let message = script::decision(reply).err().unwrap_or_default();
+            Err(BackendError::Unavailable(format!("redis: {message}")))
         }
         reply => script::decision(reply).map_err(BackendError::Protocol),
     }

@@ -1,8 +1,10 @@
-//! The Lua script of each algorithm, and how one counter hit becomes one EVALSHA call.
+//! floodgate's Lua script, and how counter hits become one EVALSHA call.
 //!
-//! The scripts in `lua/` are the Redis twins of `src/limiter/`: the same decisions, computed
-//! atomically inside Redis with Redis' clock. `lua/README.md` is the contract between the
-//! two sides (keys, arguments, reply); this module is its Rust half.
+//! The algorithms in `lua/` are the Redis twins of `src/limiter/`: the same decisions,
+//! computed atomically inside Redis with Redis' clock. They are joined with the batch driver
+//! into one script, so that one call decides the hits of many requests: all those waiting on
+//! a connection (or a cluster node) when it is sent. `lua/README.md` is the contract between
+//! the two sides (layout, reply); this module is its Rust half.
 
 use deadpool_redis::redis;
 
@@ -17,41 +19,22 @@ pub enum ScriptClock {
     Fixed(u64),
 }
 
-/// The five scripts, and the one that runs a whole request all or nothing, with their
-/// SHA1s, built once at start-up.
+/// floodgate's one script (the five algorithms, the all-or-nothing undo log and the batch
+/// driver) with its SHA1, built once at start-up.
 pub struct Scripts {
-    scripts: Vec<(Algorithm, redis::Script)>,
-    all_or_nothing: redis::Script,
+    batch: redis::Script,
 }
 
 impl Scripts {
     pub fn new() -> Self {
-        let scripts = Algorithm::ALL
-            .into_iter()
-            .map(|algorithm| (algorithm, redis::Script::new(source(algorithm))))
-            .collect();
         Scripts {
-            scripts,
-            all_or_nothing: redis::Script::new(ALL_OR_NOTHING_SOURCE),
+            batch: redis::Script::new(SOURCE),
         }
     }
 
-    /// The script of `algorithm`.
-    pub fn get(&self, algorithm: Algorithm) -> &redis::Script {
-        &self
-            .scripts
-            .iter()
-            .find(|(a, _)| *a == algorithm)
-            .expect("every algorithm has a script")
-            .1
-    }
-
-    /// Every script, for SCRIPT LOAD.
+    /// Every script, for SCRIPT LOAD: there is one.
     pub fn all(&self) -> impl Iterator<Item = &redis::Script> {
-        self.scripts
-            .iter()
-            .map(|(_, script)| script)
-            .chain([&self.all_or_nothing])
+        std::iter::once(&self.batch)
     }
 }
 
@@ -61,62 +44,260 @@ impl Default for Scripts {
     }
 }
 
-/// One script's source, compiled into the binary: the shared prelude (argument reading and
-/// the clock), then the algorithm's body.
-macro_rules! script_source {
-    ($name:literal) => {
-        concat!(
-            include_str!("../../../lua/prelude.lua"),
-            include_str!(concat!("../../../lua/", $name, ".lua"))
-        )
-    };
-}
-
-/// The all-or-nothing script: its driver, then every algorithm's script (prelude and body,
-/// unchanged) as a function of its own KEYS and ARGV, in a table by algorithm name. Each
-/// algorithm's script ends in `return`, which now returns from its function.
-macro_rules! algorithm_function {
-    ($name:literal) => {
-        concat!(
-            $name,
-            " = function(KEYS, ARGV, redis)\n",
-            script_source!($name),
-            "\nend,\n"
-        )
-    };
-}
-
-const ALL_OR_NOTHING_SOURCE: &str = concat!(
+/// The script's source, compiled into the binary: the prelude (the cross-slot flag, the
+/// clock, shared helpers), each algorithm, the all-or-nothing undo log, then the batch
+/// driver that reads the call and runs them.
+const SOURCE: &str = concat!(
+    include_str!("../../../lua/prelude.lua"),
+    include_str!("../../../lua/fixed_window.lua"),
+    include_str!("../../../lua/sliding_window.lua"),
+    include_str!("../../../lua/sliding_log.lua"),
+    include_str!("../../../lua/token_bucket.lua"),
+    include_str!("../../../lua/gcra.lua"),
     include_str!("../../../lua/all_or_nothing.lua"),
-    "\nreturn all_or_nothing({\n",
-    algorithm_function!("fixed_window"),
-    algorithm_function!("sliding_window"),
-    algorithm_function!("sliding_log"),
-    algorithm_function!("token_bucket"),
-    algorithm_function!("gcra"),
-    "})\n"
+    include_str!("../../../lua/batch.lua"),
 );
 
-/// The Lua source of `algorithm`.
-fn source(algorithm: Algorithm) -> &'static str {
-    match algorithm {
-        Algorithm::FixedWindow => script_source!("fixed_window"),
-        Algorithm::SlidingWindow => script_source!("sliding_window"),
-        Algorithm::SlidingLog => script_source!("sliding_log"),
-        Algorithm::TokenBucket => script_source!("token_bucket"),
-        Algorithm::Gcra => script_source!("gcra"),
-    }
-}
-
 /// The second key of a sliding log: the sequence that numbers its members. It keeps the
-/// counter key's `{…}` hash tag, so both keys live in one cluster slot.
+/// counter key's `{…}` hash tag, so both keys live in one cluster slot. The script derives
+/// it the same way (`sequence_of` in `lua/sliding_log.lua`).
 pub fn sequence_key(key: &str) -> String {
     format!("{key}:seq")
 }
 
-/// Appends one EVALSHA for a hit on the counter `key` to `pipe`. `local_now` is this
-/// process's clock, used only to compute calendar windows around now (the script picks the
-/// one that contains Redis' time).
+/// One counter hit as the script takes it: the counter's full Redis key, its limit, the hit,
+/// and whether its rejection rejects its request (read in an all-or-nothing group only).
+#[derive(Debug, Clone, Copy)]
+pub struct PlannedHit<'a> {
+    pub key: &'a str,
+    pub limit: &'a Limit,
+    pub hits: Hits,
+    pub binding: bool,
+}
+
+/// How the script decides a group of hits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mode {
+    /// Each hit on its own, in order.
+    Each,
+    /// One request's hits, applied only if no binding one is rejected.
+    AllOrNothing,
+}
+
+/// Hits decided one way: one request's, or (consecutive `Each` groups travel as one) the
+/// hits of several requests that are decided hit by hit.
+#[derive(Debug, Clone, Copy)]
+pub struct Group<'a> {
+    pub mode: Mode,
+    pub hits: &'a [PlannedHit<'a>],
+}
+
+/// Which keys a call declares. The script reads every key from ARGV; declared keys only
+/// tell Redis Cluster where the call belongs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Declare {
+    /// None: the caller sends the call to the server that holds every key (a standalone
+    /// Redis, or the cluster node that serves all their slots), and the script's
+    /// cross-slot flag lets it touch keys of several slots there.
+    Nothing,
+    /// Every key (all in one slot): the cluster routes and redirects the call (MOVED, ASK,
+    /// TRYAGAIN) as it does any single-slot command, before anything runs.
+    EveryKey,
+}
+
+/// The EVALSHA that decides every group, in order, in one script call that reads the clock
+/// once (`lua/batch.lua`). `local_now` is this process's clock, used only to compute calendar
+/// windows around now (the script picks the one that contains Redis' time).
+pub fn batch_call(
+    scripts: &Scripts,
+    groups: &[Group<'_>],
+    declare: Declare,
+    clock: ScriptClock,
+    local_now: u64,
+) -> redis::Cmd {
+    // The distinct limits, each sent once; a call holds few, so a linear search is cheapest.
+    let mut limits: Vec<&Limit> = Vec::new();
+    let mut indices = Vec::with_capacity(groups.iter().map(|g| g.hits.len()).sum());
+    for hit in groups.iter().flat_map(|g| g.hits) {
+        let known = limits
+            .iter()
+            .position(|&known| std::ptr::eq(known, hit.limit) || *known == *hit.limit);
+        indices.push(
+            1 + known.unwrap_or_else(|| {
+                limits.push(hit.limit);
+                limits.len() - 1
+            }),
+        );
+    }
+
+    let mut call = redis::cmd("EVALSHA");
+    call.arg(scripts.batch.get_hash());
+    match declare {
+        Declare::Nothing => call.arg(0),
+        Declare::EveryKey => {
+            let hits = || groups.iter().flat_map(|g| g.hits);
+            let keys = |hit: &PlannedHit<'_>| match hit.limit.algorithm {
+                Algorithm::SlidingLog => 2,
+                _ => 1,
+            };
+            call.arg(hits().map(keys).sum::<usize>());
+            for hit in hits() {
+                call.arg(hit.key);
+                if keys(hit) == 2 {
+                    call.arg(sequence_key(hit.key));
+                }
+            }
+            &mut call
+        }
+    };
+    match clock {
+        ScriptClock::Redis => call.arg(""),
+        ScriptClock::Fixed(now) => call.arg(now),
+    };
+    call.arg(limits.len());
+    for limit in &limits {
+        call.arg(limit.algorithm.name())
+            .arg(limit.requests_per_unit)
+            .arg(limit.window_micros())
+            .arg(limit.capacity())
+            .arg(limit.token_interval_micros());
+        match calendar_boundaries(limit, local_now) {
+            Some(boundaries) => call.arg(&boundaries[..]),
+            None => call.arg(&["", "", "", ""][..]),
+        };
+    }
+    let mut indices = indices.into_iter();
+    let mut rest = groups;
+    while let Some(first) = rest.first() {
+        let run = match first.mode {
+            Mode::Each => rest.iter().take_while(|g| g.mode == Mode::Each).count(),
+            Mode::AllOrNothing => 1,
+        };
+        let (these, after) = rest.split_at(run);
+        call.arg(match first.mode {
+            Mode::Each => "each",
+            Mode::AllOrNothing => "all",
+        })
+        .arg(these.iter().map(|g| g.hits.len()).sum::<usize>());
+        for hit in these.iter().flat_map(|g| g.hits) {
+            call.arg(hit.key)
+                .arg(indices.next().unwrap_or_default())
+                .arg(Cost(hit.hits));
+            if first.mode == Mode::AllOrNothing {
+                call.arg(u8::from(hit.binding));
+            }
+        }
+        rest = after;
+    }
+    call
+}
+
+/// A hit's cost as the script reads it: the amount, negative for a give-back.
+struct Cost(Hits);
+
+impl redis::ToRedisArgs for Cost {
+    fn write_redis_args<W: ?Sized + redis::RedisWrite>(&self, out: &mut W) {
+        let Cost(hits) = self;
+        if hits.negative && hits.amount > 0 {
+            out.write_arg_fmt(format_args!("-{}", hits.amount));
+        } else {
+            out.write_arg_fmt(hits.amount);
+        }
+    }
+}
+
+/// What a batch call answered.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BatchReply {
+    /// One per hit, in call order: its decision, or the message of the error that failed it
+    /// (for a hit of an all-or-nothing group, the error that failed the group).
+    pub decisions: Vec<Result<Decision, String>>,
+    /// One per all-or-nothing group, in order: whether its hits were applied (`None` when
+    /// the group failed).
+    pub applied: Vec<Option<bool>>,
+}
+
+/// Reads a batch call's reply for `groups`, the groups the call was built from.
+pub fn batch_reply(reply: &redis::Value, groups: &[Group<'_>]) -> Result<BatchReply, String> {
+    let mut items = array(reply)?.iter();
+    let mut next = |what: &str| -> Result<i64, String> {
+        match items.next() {
+            Some(redis::Value::Int(n)) => Ok(*n),
+            Some(other) => Err(format!(
+                "rate-limit script replied {what} = {other:?}, not an integer"
+            )),
+            None => Err(format!("rate-limit script reply ends before {what}")),
+        }
+    };
+    let mut decisions = Vec::with_capacity(groups.iter().map(|g| g.hits.len()).sum());
+    let mut applied = Vec::new();
+    // The hits each error message fails, as (first, count), in the order of the messages.
+    let mut failures: Vec<(usize, usize)> = Vec::new();
+    for group in groups {
+        if group.mode == Mode::AllOrNothing {
+            let flag = match next("applied")? {
+                -1 => None,
+                0 => Some(false),
+                1 => Some(true),
+                other => return Err(format!("rate-limit script replied applied = {other}")),
+            };
+            if flag.is_none() {
+                failures.push((decisions.len(), group.hits.len()));
+            }
+            applied.push(flag);
+        }
+        for _ in group.hits {
+            let allowed = next("allowed")?;
+            let remaining = non_negative(next("remaining")?, "remaining")?;
+            let reset_micros = non_negative(next("reset")?, "reset")?;
+            decisions.push(match allowed {
+                0 | 1 => Ok(Decision {
+                    allowed: allowed == 1,
+                    remaining,
+                    reset_micros,
+                }),
+                -1 => {
+                    if group.mode == Mode::Each {
+                        failures.push((decisions.len(), 1));
+                    }
+                    Err(String::new())
+                }
+                other => {
+                    return Err(format!(
+                        "rate-limit script replied allowed = {other}, not 0 or 1"
+                    ));
+                }
+            });
+        }
+    }
+    for (first, count) in failures {
+        let text = match items.next() {
+            Some(redis::Value::BulkString(bytes)) => String::from_utf8_lossy(bytes).into_owned(),
+            Some(redis::Value::SimpleString(text)) => text.clone(),
+            other => {
+                return Err(format!(
+                    "rate-limit script replied {other:?}, not a message"
+                ));
+            }
+        };
+        for decision in &mut decisions[first..first + count] {
+            *decision = Err(text.clone());
+        }
+    }
+    if let Some(extra) = items.next() {
+        return Err(format!(
+            "rate-limit script replied more than its calls: {extra:?}"
+        ));
+    }
+    Ok(BatchReply { decisions, applied })
+}
+
+fn non_negative(value: i64, what: &str) -> Result<u64, String> {
+    u64::try_from(value).map_err(|_| format!("rate-limit script replied {what} = {value}, below 0"))
+}
+
+/// Appends a call of one hit on the counter `key` to `pipe`: a batch of one, its keys
+/// declared, so that Redis Cluster routes it by its slot.
 pub fn add_call(
     pipe: &mut redis::Pipeline,
     scripts: &Scripts,
@@ -126,116 +307,76 @@ pub fn add_call(
     clock: ScriptClock,
     local_now: u64,
 ) {
-    let mut call = redis::cmd("EVALSHA");
-    call.arg(scripts.get(limit.algorithm).get_hash());
-    if limit.algorithm == Algorithm::SlidingLog {
-        call.arg(2).arg(key).arg(sequence_key(key));
-    } else {
-        call.arg(1).arg(key);
-    }
-    push_arguments(&mut call, limit, hits, clock, local_now);
-    pipe.add_command(call);
+    let hit = [PlannedHit {
+        key,
+        limit,
+        hits,
+        binding: true,
+    }];
+    let group = [Group {
+        mode: Mode::Each,
+        hits: &hit,
+    }];
+    pipe.add_command(batch_call(
+        scripts,
+        &group,
+        Declare::EveryKey,
+        clock,
+        local_now,
+    ));
 }
 
-/// The keys of one counter's script call: the counter key, and a sliding log's sequence.
-fn keys(key: &str, algorithm: Algorithm) -> Vec<String> {
-    if algorithm == Algorithm::SlidingLog {
-        vec![key.to_owned(), sequence_key(key)]
-    } else {
-        vec![key.to_owned()]
-    }
+/// Reads the reply to [`add_call`]: the one hit's decision.
+pub fn decision(reply: &redis::Value) -> Result<Decision, String> {
+    let limit = Limit::per(1, crate::limiter::Unit::Second);
+    let hit = [PlannedHit {
+        key: "",
+        limit: &limit,
+        hits: Hits::take(1),
+        binding: true,
+    }];
+    let group = [Group {
+        mode: Mode::Each,
+        hits: &hit,
+    }];
+    let mut reply = batch_reply(reply, &group)?;
+    reply
+        .decisions
+        .pop()
+        .unwrap_or_else(|| Err("no decision".into()))
 }
 
-/// How many ARGV entries [`push_arguments`] sends: ARGV[1..11] of `lua/README.md`.
-const ARGUMENTS: usize = 11;
-
-/// Appends one hit's ARGV (all [`ARGUMENTS`] of them) to `call`.
-fn push_arguments(
-    call: &mut redis::Cmd,
-    limit: &Limit,
-    hits: Hits,
-    clock: ScriptClock,
-    local_now: u64,
-) {
-    call.arg(limit.requests_per_unit)
-        .arg(limit.window_micros())
-        .arg(hits.amount)
-        .arg(u8::from(hits.negative))
-        .arg(limit.capacity())
-        .arg(limit.token_interval_micros());
-    match clock {
-        ScriptClock::Redis => call.arg(""),
-        ScriptClock::Fixed(now) => call.arg(now),
-    };
-    match calendar_boundaries(limit, local_now) {
-        Some(boundaries) => call.arg(&boundaries[..]),
-        None => call.arg(&["", "", "", ""][..]),
-    };
-}
-
-/// One hit of an all-or-nothing call: the counter's full Redis key, its limit, the hit, and
-/// whether its rejection rejects the request.
-#[derive(Debug, Clone, Copy)]
-pub struct PlannedHit<'a> {
-    pub key: &'a str,
-    pub limit: &'a Limit,
-    pub hits: Hits,
-    pub binding: bool,
-}
-
-/// The EVALSHA that applies every hit of `planned`, in order, only if no binding one is
-/// rejected: every call's keys in KEYS, then in ARGV the number of calls and, per call,
-/// its algorithm, binding flag, key count, argument count and arguments (`lua/README.md`).
+/// The call that applies every hit of `planned`, in order, only if no binding one is
+/// rejected: a batch of one all-or-nothing group.
 pub fn all_or_nothing_call(
     scripts: &Scripts,
     planned: &[PlannedHit<'_>],
     clock: ScriptClock,
     local_now: u64,
 ) -> redis::Cmd {
-    let keys: Vec<Vec<String>> = planned
-        .iter()
-        .map(|hit| keys(hit.key, hit.limit.algorithm))
-        .collect();
-    let mut call = redis::cmd("EVALSHA");
-    call.arg(scripts.all_or_nothing.get_hash())
-        .arg(keys.iter().map(Vec::len).sum::<usize>());
-    for keys in &keys {
-        call.arg(&keys[..]);
-    }
-    call.arg(planned.len());
-    for (hit, keys) in planned.iter().zip(&keys) {
-        call.arg(hit.limit.algorithm.name())
-            .arg(u8::from(hit.binding))
-            .arg(keys.len())
-            .arg(ARGUMENTS);
-        push_arguments(&mut call, hit.limit, hit.hits, clock, local_now);
-    }
-    call
+    let group = [Group {
+        mode: Mode::AllOrNothing,
+        hits: planned,
+    }];
+    batch_call(scripts, &group, Declare::Nothing, clock, local_now)
 }
 
-/// Reads the all-or-nothing script's reply, `[applied 0|1, decision…]`: whether the hits
-/// were applied, and one decision per call (each as [`decision`] reads it).
+/// Reads the reply to [`all_or_nothing_call`] of `planned`: whether the hits were applied,
+/// and one decision per hit.
 pub fn all_or_nothing_reply(
     reply: &redis::Value,
-    calls: usize,
+    planned: &[PlannedHit<'_>],
 ) -> Result<(bool, Vec<Decision>), String> {
-    let items = array(reply, "all-or-nothing script")?;
-    let Some((applied, decisions)) = items.split_first() else {
-        return Err("all-or-nothing script replied an empty array".into());
-    };
-    if decisions.len() != calls {
-        return Err(format!(
-            "all-or-nothing script replied {} decisions for {calls} calls",
-            decisions.len()
-        ));
+    let group = [Group {
+        mode: Mode::AllOrNothing,
+        hits: planned,
+    }];
+    let reply = batch_reply(reply, &group)?;
+    let decisions = reply.decisions.into_iter().collect::<Result<Vec<_>, _>>()?;
+    match reply.applied.as_slice() {
+        [Some(applied)] => Ok((*applied, decisions)),
+        other => Err(format!("all-or-nothing group answered {other:?}")),
     }
-    let applied = match integer(applied, "applied")? {
-        0 => false,
-        1 => true,
-        other => return Err(format!("all-or-nothing script replied applied = {other}")),
-    };
-    let decisions = decisions.iter().map(decision).collect::<Result<_, _>>()?;
-    Ok((applied, decisions))
 }
 
 /// A calendar-aligned fixed window's boundaries b0 < b1 < b2 < b3 around `local_now`: the
@@ -252,48 +393,12 @@ fn calendar_boundaries(limit: &Limit, local_now: u64) -> Option<[u64; 4]> {
     Some([previous, start, end, next])
 }
 
-/// Reads one script's reply: `[allowed 0|1, remaining, reset_us]`, all integers.
-pub fn decision(reply: &redis::Value) -> Result<Decision, String> {
-    let items = array(reply, "rate-limit script")?;
-    let [allowed, remaining, reset] = items else {
-        return Err(format!(
-            "rate-limit script replied {} values, not 3: {items:?}",
-            items.len()
-        ));
-    };
-    let allowed = match integer(allowed, "allowed")? {
-        0 => false,
-        1 => true,
-        other => {
-            return Err(format!(
-                "rate-limit script replied allowed = {other}, not 0 or 1"
-            ));
-        }
-    };
-    Ok(Decision {
-        allowed,
-        remaining: integer(remaining, "remaining")?,
-        reset_micros: integer(reset, "reset")?,
-    })
-}
-
-/// The items of a script's array reply; `script` names the script in the error.
-fn array<'v>(reply: &'v redis::Value, script: &str) -> Result<&'v [redis::Value], String> {
+/// The items of the script's array reply.
+fn array(reply: &redis::Value) -> Result<&[redis::Value], String> {
     match reply {
         redis::Value::Array(items) => Ok(items),
-        redis::Value::ServerError(error) => Err(format!("{script} failed: {error}")),
-        other => Err(format!("{script} replied {other:?}, not an array")),
-    }
-}
-
-/// One non-negative integer of the reply; `what` names it in the error.
-fn integer(value: &redis::Value, what: &str) -> Result<u64, String> {
-    match value {
-        redis::Value::Int(n) => u64::try_from(*n)
-            .map_err(|_| format!("rate-limit script replied {what} = {n}, below 0")),
-        other => Err(format!(
-            "rate-limit script replied {what} = {other:?}, not an integer"
-        )),
+        redis::Value::ServerError(error) => Err(format!("rate-limit script failed: {error}")),
+        other => Err(format!("rate-limit script replied {other:?}, not an array")),
     }
 }
 
@@ -305,6 +410,21 @@ mod tests {
 
     fn reply(values: &[i64]) -> Value {
         Value::Array(values.iter().copied().map(Value::Int).collect())
+    }
+
+    fn text(message: &str) -> Value {
+        Value::BulkString(message.as_bytes().to_vec())
+    }
+
+    /// The arguments of `call` after EVALSHA and the SHA1, as text.
+    fn arguments(call: &redis::Cmd) -> Vec<String> {
+        call.args_iter()
+            .skip(2)
+            .map(|arg| match arg {
+                redis::Arg::Simple(bytes) => String::from_utf8_lossy(bytes).into_owned(),
+                _ => "<cursor>".into(),
+            })
+            .collect()
     }
 
     #[test]
@@ -323,16 +443,13 @@ mod tests {
     #[test]
     fn an_unexpected_reply_is_an_error_naming_what_is_wrong() {
         let cases = [
-            (reply(&[1, 2]), "2 values"),
+            (reply(&[1, 2]), "ends before reset"),
             (reply(&[2, 0, 0]), "allowed = 2"),
             (reply(&[1, -1, 0]), "remaining = -1"),
+            (reply(&[1, 1, 0, 7]), "more than its calls"),
             (Value::Nil, "not an array"),
             (
-                Value::Array(vec![
-                    Value::Int(1),
-                    Value::BulkString(b"7".to_vec()),
-                    Value::Int(0),
-                ]),
+                Value::Array(vec![Value::Int(1), text("7"), Value::Int(0)]),
                 "remaining",
             ),
         ];
@@ -343,30 +460,99 @@ mod tests {
     }
 
     #[test]
-    fn every_algorithm_and_the_all_or_nothing_driver_have_their_own_script() {
-        let scripts = Scripts::new();
-        let mut hashes: Vec<&str> = scripts.all().map(|script| script.get_hash()).collect();
-        hashes.sort_unstable();
-        hashes.dedup();
-        assert_eq!(hashes.len(), Algorithm::ALL.len() + 1);
+    fn a_failed_hit_gets_its_own_message_and_the_others_their_decisions() {
+        let limit = Limit::per(5, Unit::Second);
+        let hit = |key| PlannedHit {
+            key,
+            limit: &limit,
+            hits: Hits::take(1),
+            binding: true,
+        };
+        let each = [hit("a"), hit("b")];
+        let all = [hit("c"), hit("d")];
+        let groups = [
+            Group {
+                mode: Mode::Each,
+                hits: &each,
+            },
+            Group {
+                mode: Mode::AllOrNothing,
+                hits: &all,
+            },
+        ];
+        let mut items: Vec<Value> = [1, 4, 10, -1, 0, 0, -1, -1, 0, 0, -1, 0, 0]
+            .into_iter()
+            .map(Value::Int)
+            .collect();
+        items.extend([text("WRONGTYPE b"), text("boom")]);
+        let read = batch_reply(&Value::Array(items), &groups).expect("a reply");
+        assert_eq!(read.applied, [None]);
+        assert_eq!(
+            read.decisions,
+            [
+                Ok(Decision {
+                    allowed: true,
+                    remaining: 4,
+                    reset_micros: 10
+                }),
+                Err("WRONGTYPE b".into()),
+                Err("boom".into()),
+                Err("boom".into()),
+            ]
+        );
     }
 
     #[test]
-    fn a_call_sends_as_many_arguments_as_the_all_or_nothing_layout_says() {
-        let mut pipe = redis::pipe();
-        let limit = Limit::per(1, Unit::Second);
-        add_call(
-            &mut pipe,
+    fn limits_are_sent_once_and_each_runs_share_a_header() {
+        let per_second = Limit::per(5, Unit::Second);
+        let gcra = Limit {
+            algorithm: Algorithm::Gcra,
+            ..Limit::per(5, Unit::Second)
+        };
+        let hit = |key, limit, hits| PlannedHit {
+            key,
+            limit,
+            hits,
+            binding: false,
+        };
+        let first = [hit("a", &per_second, Hits::take(2))];
+        // An equal limit, not the same one, is still sent once.
+        let equal = per_second.clone();
+        let second = [
+            hit("b", &gcra, Hits::give_back(3)),
+            hit("c", &equal, Hits::take(1)),
+        ];
+        let third = [hit("d", &gcra, Hits::take(1))];
+        let groups = [
+            Group {
+                mode: Mode::Each,
+                hits: &first,
+            },
+            Group {
+                mode: Mode::Each,
+                hits: &second,
+            },
+            Group {
+                mode: Mode::AllOrNothing,
+                hits: &third,
+            },
+        ];
+        let call = batch_call(
             &Scripts::new(),
-            "k",
-            &limit,
-            Hits::take(1),
+            &groups,
+            Declare::Nothing,
             ScriptClock::Redis,
             0,
         );
-        let command = pipe.cmd_iter().next().expect("one command");
-        // EVALSHA, the SHA1, the key count and one key, then the arguments.
-        assert_eq!(command.args_iter().count(), 4 + ARGUMENTS);
+        #[rustfmt::skip]
+        let expected = [
+            "0", "", "2",
+            "fixed_window", "5", "1000000", "5", "200000", "", "", "", "",
+            "gcra", "5", "1000000", "5", "200000", "", "", "", "",
+            "each", "3", "a", "1", "2", "b", "2", "-3", "c", "1", "1",
+            "all", "1", "d", "2", "1", "0",
+        ];
+        assert_eq!(arguments(&call), expected);
     }
 
     #[test]
@@ -388,5 +574,40 @@ mod tests {
             ])
         );
         assert_eq!(calendar_boundaries(&Limit::per(1, Unit::Day), 0), None);
+    }
+}
+
+#[cfg(test)]
+mod declared {
+    use super::*;
+    use crate::limiter::Unit;
+
+    #[test]
+    fn a_call_routed_by_slot_declares_every_key_a_sliding_log_has_two() {
+        let log = Limit {
+            algorithm: Algorithm::SlidingLog,
+            ..Limit::per(5, Unit::Second)
+        };
+        let mut pipe = redis::pipe();
+        add_call(
+            &mut pipe,
+            &Scripts::new(),
+            "{t}:k",
+            &log,
+            Hits::take(1),
+            ScriptClock::Redis,
+            0,
+        );
+        let command = pipe.cmd_iter().next().expect("one command");
+        let declared: Vec<Vec<u8>> = command
+            .args_iter()
+            .skip(2)
+            .take(3)
+            .map(|arg| match arg {
+                redis::Arg::Simple(bytes) => bytes.to_vec(),
+                _ => Vec::new(),
+            })
+            .collect();
+        assert_eq!(declared, [&b"2"[..], b"{t}:k", b"{t}:k:seq"]);
     }
 }
