@@ -229,6 +229,7 @@ async fn serve(settings: Settings) -> anyhow::Result<()> {
     let breaker = || {
         Breaker::new(
             settings.redis_breaker_failures,
+            Duration::from_millis(settings.redis_breaker_window_ms),
             Duration::from_millis(settings.redis_breaker_cooldown_ms),
             clock.clone(),
         )

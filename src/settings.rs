@@ -109,9 +109,13 @@ pub struct Settings {
     pub redis_command_timeout_ms: u64,
     /// Put before every Redis key, so several deployments can share one Redis.
     pub redis_key_prefix: String,
-    /// Requests failing in a row that open the circuit breaker: Redis is not called (each
-    /// rule's failure policy answers at once) until a probe succeeds.
+    /// Failed calls within `redis_breaker_window_ms` (failures outnumbering answers) that
+    /// open the circuit breaker: Redis is not called (each rule's failure policy answers at
+    /// once) until a probe succeeds. Timeouts are not failures.
     pub redis_breaker_failures: u32,
+    /// The breaker's window in milliseconds: failures are counted over it, and a Redis that
+    /// answers nothing at all for a whole window while calls wait opens the breaker too.
+    pub redis_breaker_window_ms: u64,
     /// Milliseconds between probes of an open circuit.
     pub redis_breaker_cooldown_ms: u64,
     /// Counters Redis reported exhausted that are remembered locally, and answered without
@@ -179,6 +183,7 @@ impl Default for Settings {
             redis_command_timeout_ms: 15,
             redis_key_prefix: "floodgate:".into(),
             redis_breaker_failures: 5,
+            redis_breaker_window_ms: 1000,
             redis_breaker_cooldown_ms: 500,
             redis_local_cache_size: 100_000,
             shadow_mode: false,

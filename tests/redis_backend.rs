@@ -251,7 +251,7 @@ async fn an_open_circuit_answers_at_once_and_health_follows_the_backend() {
         &flags,
         &[
             ("FLOODGATE_REDIS_COMMAND_TIMEOUT_MS", "200"),
-            ("FLOODGATE_REDIS_BREAKER_FAILURES", "3"),
+            ("FLOODGATE_REDIS_BREAKER_WINDOW_MS", "500"),
             ("FLOODGATE_REDIS_BREAKER_COOLDOWN_MS", "300"),
         ],
     );
@@ -282,7 +282,8 @@ async fn an_open_circuit_answers_at_once_and_health_follows_the_backend() {
             .unwrap()
             .success()
     );
-    // Three requests each wait out the 200 ms timeout; then the circuit is open.
+    // Three requests each wait out the 200 ms timeout: a frozen Redis answers nothing, and
+    // after a whole window (500 ms) of that the circuit is open.
     for _ in 0..3 {
         assert_eq!(server.ask(ask.clone()).await.overall_code, OK, "fail_open");
     }

@@ -1,14 +1,25 @@
-//! A circuit breaker: stop calling a backend that keeps failing, probe it now and then, and
-//! close again when it answers.
+//! A circuit breaker: stop calling a backend that is down, probe it now and then, and close
+//! again when it answers.
 //!
-//! Closed, every request calls the backend. After `threshold` requests fail in a row the
-//! breaker opens: requests fail at once (each rule's `on_backend_error` decides) instead of
-//! waiting out the command timeout, so a dead Redis costs nothing and nothing piles up.
-//! Once `cooldown` has passed, exactly one request (or the background probe) is let through;
-//! its success closes the breaker, its failure opens it for another cooldown.
+//! It opens for a backend that is down or erroring, never for one that is merely busy:
+//!
+//! - **Failures over a window.** A call that fails outright (connection refused or reset, an
+//!   error reply for the whole call) is a failure. When at least `threshold` calls failed
+//!   within the last `window`, and no more answers than failures came in since the oldest of
+//!   them, the breaker opens.
+//! - **Silence over a window.** A call that runs out of time is not a failure: a busy Redis
+//!   answers late, and its replies keep coming. But when calls have been waiting and nothing
+//!   at all has been answered for a whole `window`, the backend is frozen or cut off, and the
+//!   breaker opens.
+//!
+//! Open, requests fail at once (each rule's `on_backend_error` decides) instead of waiting out
+//! the command timeout, so a dead Redis costs nothing and nothing piles up. Once `cooldown`
+//! has passed, exactly one request (or the background probe) is let through; an answer closes
+//! the breaker, a failure or a timeout opens it for another cooldown.
 
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use crate::clock::Clock;
@@ -24,6 +35,17 @@ pub enum Admission {
     Reject,
 }
 
+/// How an admitted call ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Outcome {
+    /// The backend answered (a decision, or an error of one hit's own).
+    Answered,
+    /// The backend could not be reached, dropped the connection, or refused the whole call.
+    Failed,
+    /// The caller stopped waiting before an answer came.
+    TimedOut,
+}
+
 /// What health checks report.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum BreakerState {
@@ -32,34 +54,58 @@ pub enum BreakerState {
 }
 
 pub struct Breaker {
-    threshold: u32,
+    threshold: usize,
+    window_micros: u64,
     cooldown_micros: u64,
     clock: Arc<dyn Clock>,
-    /// Requests failed in a row while closed.
-    failures: AtomicU32,
+    /// Answers ever recorded: the failures' record compares against it.
+    answers: AtomicU64,
+    /// The latest `threshold` failures: when each happened, and `answers` at that moment.
+    failures: Mutex<VecDeque<(u64, u64)>>,
+    /// When the oldest call still unanswered since the last answer went out; 0 when none.
+    silent_since: AtomicU64,
     /// When the open breaker next admits a probe; 0 while closed.
     open_until: AtomicU64,
     probing: AtomicBool,
 }
 
 impl Breaker {
-    pub fn new(threshold: u32, cooldown: Duration, clock: Arc<dyn Clock>) -> Self {
+    pub fn new(
+        threshold: u32,
+        window: Duration,
+        cooldown: Duration,
+        clock: Arc<dyn Clock>,
+    ) -> Self {
+        let micros = |d: Duration| u64::try_from(d.as_micros()).unwrap_or(u64::MAX);
+        let threshold = usize::try_from(threshold.max(1)).unwrap_or(usize::MAX);
         Breaker {
-            threshold: threshold.max(1),
-            cooldown_micros: u64::try_from(cooldown.as_micros()).unwrap_or(u64::MAX),
+            threshold,
+            window_micros: micros(window).max(1),
+            cooldown_micros: micros(cooldown),
             clock,
-            failures: AtomicU32::new(0),
+            answers: AtomicU64::new(0),
+            failures: Mutex::new(VecDeque::with_capacity(threshold.min(1024))),
+            silent_since: AtomicU64::new(0),
             open_until: AtomicU64::new(0),
             probing: AtomicBool::new(false),
         }
     }
 
+    /// Whether a call may go out now. A call that goes out must be [`record`](Self::record)ed.
     pub fn admit(&self) -> Admission {
+        let now = self.clock.now_micros();
         let open_until = self.open_until.load(Ordering::Acquire);
         if open_until == 0 {
-            return Admission::Call;
+            if self.silent_for(now) < self.window_micros {
+                self.silent_since
+                    .compare_exchange(0, now.max(1), Ordering::AcqRel, Ordering::Acquire)
+                    .ok();
+                return Admission::Call;
+            }
+            self.open(now, "the backend answered nothing for a whole window");
+            return Admission::Reject;
         }
-        if self.clock.now_micros() < open_until {
+        if now < open_until {
             return Admission::Reject;
         }
         match self
@@ -72,30 +118,74 @@ impl Breaker {
     }
 
     /// Records how an admitted call (or probe) ended.
-    pub fn record(&self, admission: Admission, succeeded: bool) {
-        if succeeded {
-            self.failures.store(0, Ordering::Release);
-            if self.open_until.swap(0, Ordering::AcqRel) != 0 {
-                tracing::info!("backend answers again; circuit closed");
+    pub fn record(&self, admission: Admission, outcome: Outcome) {
+        let now = self.clock.now_micros();
+        match outcome {
+            Outcome::Answered => {
+                self.answers.fetch_add(1, Ordering::AcqRel);
+                self.silent_since.store(0, Ordering::Release);
+                if self.open_until.swap(0, Ordering::AcqRel) != 0 {
+                    tracing::info!("backend answers again; circuit closed");
+                }
+                self.probing.store(false, Ordering::Release);
             }
-            self.probing.store(false, Ordering::Release);
-            return;
-        }
-        let failures = self
-            .failures
-            .fetch_add(1, Ordering::AcqRel)
-            .saturating_add(1);
-        if admission == Admission::Probe || failures >= self.threshold {
-            let until = self
-                .clock
-                .now_micros()
-                .saturating_add(self.cooldown_micros)
-                .max(1);
-            if self.open_until.swap(until, Ordering::AcqRel) == 0 {
-                tracing::warn!(failures, "backend keeps failing; circuit open");
+            _ if admission == Admission::Probe => {
+                self.open(now, "the probe got no answer");
             }
-            self.probing.store(false, Ordering::Release);
+            Outcome::Failed => {
+                // The call ended, so it no longer waits: failures have their own rule.
+                self.silent_since.store(0, Ordering::Release);
+                if self.failed_too_often(now) {
+                    self.open(now, "calls keep failing");
+                }
+            }
+            Outcome::TimedOut => {
+                if self.silent_for(now) >= self.window_micros {
+                    self.open(now, "the backend answered nothing for a whole window");
+                }
+            }
         }
+    }
+
+    /// Counts a failure at `now`; whether `threshold` of them fell within the window with no
+    /// more answers than failures since the oldest.
+    fn failed_too_often(&self, now: u64) -> bool {
+        let answers = self.answers.load(Ordering::Acquire);
+        let mut failures = self.failures.lock().unwrap_or_else(PoisonError::into_inner);
+        if failures.len() == self.threshold {
+            failures.pop_front();
+        }
+        failures.push_back((now, answers));
+        let Some(&(oldest, answers_then)) = failures.front() else {
+            return false;
+        };
+        failures.len() == self.threshold
+            && now.saturating_sub(oldest) <= self.window_micros
+            && answers - answers_then <= self.threshold as u64
+    }
+
+    /// How long calls have been waiting with nothing answered (0 when none waits).
+    fn silent_for(&self, now: u64) -> u64 {
+        match self.silent_since.load(Ordering::Acquire) {
+            0 => 0,
+            since => now.saturating_sub(since),
+        }
+    }
+
+    fn open(&self, now: u64, why: &'static str) {
+        let until = now.saturating_add(self.cooldown_micros).max(1);
+        if self.open_until.swap(until, Ordering::AcqRel) == 0 {
+            tracing::warn!(
+                reason = why,
+                "circuit open: answering by each rule's on_backend_error"
+            );
+        }
+        self.silent_since.store(0, Ordering::Release);
+        self.failures
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clear();
+        self.probing.store(false, Ordering::Release);
     }
 
     pub fn state(&self) -> BreakerState {
@@ -112,59 +202,127 @@ mod tests {
     use super::*;
     use crate::clock::ManualClock;
 
+    const WINDOW: u64 = 1_000_000;
+
     fn breaker() -> (Arc<ManualClock>, Breaker) {
         let clock = Arc::new(ManualClock::new(1_000_000));
-        let breaker = Breaker::new(3, Duration::from_millis(500), clock.clone());
+        let breaker = Breaker::new(
+            3,
+            Duration::from_micros(WINDOW),
+            Duration::from_millis(500),
+            clock.clone(),
+        );
         (clock, breaker)
     }
 
-    fn fail(breaker: &Breaker, times: usize) {
+    fn call(breaker: &Breaker, outcome: Outcome) {
+        let admission = breaker.admit();
+        breaker.record(admission, outcome);
+    }
+
+    fn calls(breaker: &Breaker, outcome: Outcome, times: usize) {
         for _ in 0..times {
-            let admission = breaker.admit();
-            breaker.record(admission, false);
+            call(breaker, outcome);
         }
     }
 
     #[test]
-    fn opens_after_threshold_failures_in_a_row() {
-        let (_, breaker) = breaker();
-        fail(&breaker, 2);
+    fn threshold_failures_within_the_window_open_it() {
+        let (clock, breaker) = breaker();
+        calls(&breaker, Outcome::Failed, 2);
+        clock.advance(WINDOW / 2);
         assert_eq!(breaker.admit(), Admission::Call);
-        fail(&breaker, 1);
+        call(&breaker, Outcome::Failed);
         assert_eq!(breaker.state(), BreakerState::Open);
         assert_eq!(breaker.admit(), Admission::Reject);
     }
 
     #[test]
-    fn a_success_resets_the_failure_count() {
-        let (_, breaker) = breaker();
-        fail(&breaker, 2);
-        breaker.record(Admission::Call, true);
-        fail(&breaker, 2);
+    fn failures_spread_over_more_than_the_window_do_not() {
+        let (clock, breaker) = breaker();
+        for _ in 0..10 {
+            call(&breaker, Outcome::Failed);
+            clock.advance(WINDOW / 2 + 1);
+        }
         assert_eq!(breaker.state(), BreakerState::Closed);
+    }
+
+    #[test]
+    fn failures_among_more_answers_do_not_open_it() {
+        let (_, breaker) = breaker();
+        for _ in 0..10 {
+            call(&breaker, Outcome::Failed);
+            calls(&breaker, Outcome::Answered, 2);
+        }
+        assert_eq!(breaker.state(), BreakerState::Closed);
+    }
+
+    #[test]
+    fn timeouts_of_a_backend_that_keeps_answering_never_open_it() {
+        let (clock, breaker) = breaker();
+        for _ in 0..1000 {
+            let slow = breaker.admit();
+            let fast = breaker.admit();
+            clock.advance(WINDOW / 10);
+            breaker.record(fast, Outcome::Answered);
+            breaker.record(slow, Outcome::TimedOut);
+        }
+        assert_eq!(breaker.state(), BreakerState::Closed);
+    }
+
+    #[test]
+    fn a_whole_window_without_an_answer_opens_it() {
+        let (clock, breaker) = breaker();
+        call(&breaker, Outcome::Answered);
+        let first = breaker.admit();
+        clock.advance(WINDOW / 2);
+        breaker.record(first, Outcome::TimedOut);
+        assert_eq!(breaker.state(), BreakerState::Closed);
+        let second = breaker.admit();
+        clock.advance(WINDOW / 2);
+        breaker.record(second, Outcome::TimedOut);
+        assert_eq!(breaker.state(), BreakerState::Open);
+    }
+
+    #[test]
+    fn silence_is_noticed_when_the_next_call_asks_to_go_out() {
+        let (clock, breaker) = breaker();
+        let waiting = breaker.admit();
+        assert_eq!(waiting, Admission::Call);
+        clock.advance(WINDOW);
+        assert_eq!(breaker.admit(), Admission::Reject);
+        assert_eq!(breaker.state(), BreakerState::Open);
+    }
+
+    #[test]
+    fn an_idle_backend_is_not_silent() {
+        let (clock, breaker) = breaker();
+        call(&breaker, Outcome::Answered);
+        clock.advance(10 * WINDOW);
+        assert_eq!(breaker.admit(), Admission::Call);
     }
 
     #[test]
     fn after_the_cooldown_exactly_one_probe_goes_through() {
         let (clock, breaker) = breaker();
-        fail(&breaker, 3);
+        calls(&breaker, Outcome::Failed, 3);
         clock.advance(500_000);
         assert_eq!(breaker.admit(), Admission::Probe);
         assert_eq!(breaker.admit(), Admission::Reject);
     }
 
     #[test]
-    fn a_successful_probe_closes_and_a_failed_one_reopens() {
+    fn an_answered_probe_closes_and_a_timed_out_one_reopens() {
         let (clock, breaker) = breaker();
-        fail(&breaker, 3);
+        calls(&breaker, Outcome::Failed, 3);
         clock.advance(500_000);
         let probe = breaker.admit();
-        breaker.record(probe, false);
+        breaker.record(probe, Outcome::TimedOut);
         assert_eq!(breaker.admit(), Admission::Reject);
         clock.advance(500_000);
         let probe = breaker.admit();
         assert_eq!(probe, Admission::Probe);
-        breaker.record(probe, true);
+        breaker.record(probe, Outcome::Answered);
         assert_eq!(breaker.state(), BreakerState::Closed);
         assert_eq!(breaker.admit(), Admission::Call);
     }

@@ -5,18 +5,19 @@
 //! replica.
 
 pub mod breaker;
+mod capacity;
 pub mod memory;
 mod over_limit;
 pub mod redis;
 
 use std::borrow::Cow;
 use std::sync::Arc;
-use std::time::Instant;
 
 use futures_util::future::BoxFuture;
+use tokio::time::Instant;
 
 pub use breaker::Breaker;
-use breaker::{Admission, BreakerState};
+use breaker::{Admission, BreakerState, Outcome};
 pub use memory::MemoryBackend;
 pub use over_limit::OverLimitCache;
 pub use redis::{RedisBackend, RedisClusterBackend, RedisOptions};
@@ -71,9 +72,14 @@ pub enum BackendError {
     /// The backend could not be reached or refused the call.
     #[error("backend unavailable: {0}")]
     Unavailable(String),
-    /// The backend did not answer within the command timeout.
+    /// The backend did not answer within the command timeout (or the request's own
+    /// deadline, when that came first).
     #[error("backend did not answer within {0:?}")]
     Timeout(std::time::Duration),
+    /// Shed before any wait: the backend already had as much work in flight as it answers
+    /// in time. The backend is alive; the request gets its rules' failure policy at once.
+    #[error("backend overloaded: request shed before calling it ({0})")]
+    Overloaded(&'static str),
     /// The backend answered something a script never returns.
     #[error("unexpected backend reply: {0}")]
     Protocol(String),
@@ -95,6 +101,7 @@ impl Store {
         &self,
         hits: &[CounterHit<'_>],
         on_reject: OnReject,
+        deadline: Option<Instant>,
     ) -> Vec<Result<Decision, BackendError>> {
         // One hit consumes nothing when it is rejected anyway: the plain path is exact.
         let all_or_nothing = on_reject == OnReject::ConsumeNothing && hits.len() > 1;
@@ -116,12 +123,11 @@ impl Store {
                     .map(|hit| Ok(memory.hit(&hit.key, &hit.limit, hit.hits)))
                     .collect();
             }
-            Store::Redis(redis) if all_or_nothing => Box::pin(redis.hit_all_or_nothing(hits)),
-            Store::Redis(redis) => Box::pin(redis.hit_all(hits)),
+            Store::Redis(redis) => Box::pin(redis.hit_all(hits, all_or_nothing, deadline)),
             Store::RedisCluster(cluster) if all_or_nothing => {
-                Box::pin(cluster.hit_all_or_give_back(hits))
+                Box::pin(cluster.hit_all_or_give_back(hits, deadline))
             }
-            Store::RedisCluster(cluster) => Box::pin(cluster.hit_all(hits)),
+            Store::RedisCluster(cluster) => Box::pin(cluster.hit_all(hits, deadline)),
         };
         remote.await
     }
@@ -213,10 +219,16 @@ impl Backend {
     /// exhausted are answered without the backend; while the breaker is open every other
     /// hit fails at once. Under [`OnReject::ConsumeNothing`] a request with a rejected
     /// binding hit changes no counter, and one whose rejection the cache already knows is not
-    /// sent to the backend at all.
-    pub async fn hit_all(&self, hits: &[CounterHit<'_>], on_reject: OnReject) -> Answers {
+    /// sent to the backend at all. `deadline` is the request's own, when it has one shorter
+    /// than the backend's command timeout.
+    pub async fn hit_all(
+        &self,
+        hits: &[CounterHit<'_>],
+        on_reject: OnReject,
+        deadline: Option<Instant>,
+    ) -> Answers {
         let Some(cache) = &self.over_limit else {
-            return Answers::from_store(self.call(hits, on_reject).await);
+            return Answers::from_store(self.call(hits, on_reject, deadline).await);
         };
         let cached: Vec<Option<Decision>> = hits
             .iter()
@@ -224,7 +236,7 @@ impl Backend {
             .collect();
         let mut origins = Vec::new();
         let results = if cached.iter().all(Option::is_none) {
-            self.call(hits, on_reject).await
+            self.call(hits, on_reject, deadline).await
         } else if on_reject == OnReject::ConsumeNothing && cached_rejection_binds(hits, &cached) {
             origins = (cached.iter())
                 .map(|answer| match answer {
@@ -249,7 +261,7 @@ impl Backend {
                 .filter(|(_, answer)| answer.is_none())
                 .map(|(hit, _)| hit.clone())
                 .collect();
-            let mut fetched = self.call(&pending, on_reject).await.into_iter();
+            let mut fetched = self.call(&pending, on_reject, deadline).await.into_iter();
             cached
                 .into_iter()
                 .map(|answer| match answer {
@@ -273,9 +285,10 @@ impl Backend {
         &self,
         hits: &[CounterHit<'_>],
         on_reject: OnReject,
+        deadline: Option<Instant>,
     ) -> Vec<Result<Decision, BackendError>> {
         let Some(breaker) = &self.breaker else {
-            return self.store.hit_all(hits, on_reject).await;
+            return self.store.hit_all(hits, on_reject, deadline).await;
         };
         if hits.is_empty() {
             return Vec::new();
@@ -287,15 +300,20 @@ impl Backend {
             return vec![Err(open); hits.len()];
         }
         let started = Instant::now();
-        let results = self.store.hit_all(hits, on_reject).await;
-        self.stats.record_call(started.elapsed(), &results);
-        let failed = results.iter().any(|result| {
-            matches!(
-                result,
-                Err(BackendError::Unavailable(_) | BackendError::Timeout(_))
-            )
-        });
-        breaker.record(admission, !failed);
+        let results = self.store.hit_all(hits, on_reject, deadline).await;
+        match outcome(&results) {
+            Some(outcome) => {
+                self.stats.record_call(started.elapsed(), &results);
+                breaker.record(admission, outcome);
+            }
+            None => {
+                // Shed: nothing was sent, so nothing is learnt about the backend.
+                self.stats.record_shed();
+                if admission == Admission::Probe {
+                    breaker.record(admission, Outcome::TimedOut);
+                }
+            }
+        }
         results
     }
 
@@ -333,10 +351,34 @@ impl Backend {
         }
         let admission = breaker.admit();
         if admission == Admission::Probe {
-            let answered = self.store.probe().await.is_ok();
-            breaker.record(admission, answered);
+            let outcome = match self.store.probe().await {
+                Ok(()) => Outcome::Answered,
+                Err(BackendError::Timeout(_)) => Outcome::TimedOut,
+                Err(_) => Outcome::Failed,
+            };
+            breaker.record(admission, outcome);
         }
     }
+}
+
+/// What a call's results say about the backend, for the breaker: answered when any hit got
+/// an answer (a hit's own error is an answer too), failed when the call failed as a whole,
+/// timed out when no answer came in time; `None` when it was shed before it was sent.
+fn outcome(results: &[Result<Decision, BackendError>]) -> Option<Outcome> {
+    let mut outcome = None;
+    for result in results {
+        let this = match result {
+            Ok(_) | Err(BackendError::Protocol(_)) => return Some(Outcome::Answered),
+            Err(BackendError::Overloaded(_)) => continue,
+            Err(BackendError::Timeout(_)) => Outcome::TimedOut,
+            Err(BackendError::Unavailable(_) | BackendError::Config(_)) => Outcome::Failed,
+        };
+        // A failure says more than a timeout: the backend refused, not just took long.
+        if outcome != Some(Outcome::Failed) {
+            outcome = Some(this);
+        }
+    }
+    outcome
 }
 
 /// The answer to a hit of a request that the over-limit cache rejected before any backend

@@ -243,6 +243,13 @@ fn render_backend(page: &mut Exposition, backend: &Backend) {
         );
     }
 
+    let name = "floodgate_backend_shed_total";
+    let help = "Requests shed without a backend call, answered at once by their rules' \
+                on_backend_error, because the backend already had as much work in flight as \
+                it answers in time.";
+    page.family(name, Kind::Counter, help);
+    page.sample(name, &[], stats.shed.get());
+
     let name = "floodgate_backend_circuit_open";
     let help = "1 while the remote backend's circuit breaker is open, else 0.";
     page.family(name, Kind::Gauge, help);
@@ -371,12 +378,15 @@ impl ErrorKind {
         ErrorKind::CircuitOpen,
     ];
 
-    fn of(error: &BackendError) -> Self {
+    /// The kind of a failed call; `None` for a request shed before any call, which
+    /// `floodgate_backend_shed_total` counts instead.
+    fn of(error: &BackendError) -> Option<Self> {
         match error {
-            BackendError::Timeout(_) => ErrorKind::Timeout,
-            BackendError::Unavailable(_) => ErrorKind::Unavailable,
-            BackendError::Protocol(_) => ErrorKind::Protocol,
-            BackendError::Config(_) => ErrorKind::Config,
+            BackendError::Timeout(_) => Some(ErrorKind::Timeout),
+            BackendError::Unavailable(_) => Some(ErrorKind::Unavailable),
+            BackendError::Protocol(_) => Some(ErrorKind::Protocol),
+            BackendError::Config(_) => Some(ErrorKind::Config),
+            BackendError::Overloaded(_) => None,
         }
     }
 
@@ -397,6 +407,7 @@ impl ErrorKind {
 pub struct BackendStats {
     calls: Histogram,
     errors: [Counter; ErrorKind::ALL.len()],
+    shed: Counter,
 }
 
 impl BackendStats {
@@ -406,7 +417,9 @@ impl BackendStats {
         self.calls.observe(elapsed);
         let mut seen = [false; ErrorKind::ALL.len()];
         for error in results.iter().filter_map(|result| result.as_ref().err()) {
-            seen[ErrorKind::of(error) as usize] = true;
+            if let Some(kind) = ErrorKind::of(error) {
+                seen[kind as usize] = true;
+            }
         }
         for (kind, seen) in ErrorKind::ALL.into_iter().zip(seen) {
             if seen {
@@ -418,5 +431,11 @@ impl BackendStats {
     /// A call the open circuit breaker refused.
     pub fn record_circuit_open(&self) {
         self.errors[ErrorKind::CircuitOpen as usize].add(1);
+    }
+
+    /// A request shed before its call: the backend had as much in flight as it answers in
+    /// time.
+    pub fn record_shed(&self) {
+        self.shed.add(1);
     }
 }

@@ -1,7 +1,9 @@
 //! The tonic adapter: `envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit`.
 
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::Duration;
+
+use tokio::time::Instant;
 
 use tonic::{Request, Response, Status};
 
@@ -23,7 +25,11 @@ impl RateLimitService for GrpcService {
         request: Request<RateLimitRequest>,
     ) -> Result<Response<RateLimitResponse>, Status> {
         let started = Instant::now();
-        let result = self.0.should_rate_limit(request.get_ref()).await;
+        let deadline = answer_by(&request, started);
+        let result = self
+            .0
+            .should_rate_limit_by(request.get_ref(), deadline)
+            .await;
         (self.0.metrics().requests(Endpoint::GrpcShouldRateLimit))
             .record(code(&result), started.elapsed());
         result.map(Response::new).map_err(Status::from)
@@ -47,5 +53,75 @@ impl From<DecideError> for Status {
             // Envoy applies its failure_mode_deny to any gRPC error.
             DecideError::Backend(backend) => Status::unavailable(backend.to_string()),
         }
+    }
+}
+
+/// When the backend must have answered for the caller to get the answer in time: most of the
+/// time the caller said it waits (`grpc-timeout`, which Envoy sets from its filter timeout),
+/// leaving the rest for the answer's way back. `None` when the caller set no deadline.
+fn answer_by<T>(request: &Request<T>, received: Instant) -> Option<Instant> {
+    let header = request.metadata().get("grpc-timeout")?.to_str().ok()?;
+    let waits = parse_grpc_timeout(header)?;
+    Some(received + waits.mul_f64(ANSWER_SHARE))
+}
+
+/// The share of the caller's deadline the backend may use.
+const ANSWER_SHARE: f64 = 0.8;
+
+/// A `grpc-timeout` value: at most eight digits and a unit (gRPC over HTTP/2: `H`ours,
+/// `M`inutes, `S`econds, `m`illis, `u`micros, `n`anos).
+fn parse_grpc_timeout(value: &str) -> Option<Duration> {
+    let (digits, unit) = value.split_at(value.len().checked_sub(1)?);
+    if digits.is_empty() || digits.len() > 8 || !digits.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    let amount: u64 = digits.parse().ok()?;
+    Some(match unit {
+        "H" => Duration::from_secs(amount.checked_mul(3600)?),
+        "M" => Duration::from_secs(amount.checked_mul(60)?),
+        "S" => Duration::from_secs(amount),
+        "m" => Duration::from_millis(amount),
+        "u" => Duration::from_micros(amount),
+        "n" => Duration::from_nanos(amount),
+        _ => return None,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn grpc_timeouts_in_every_unit_are_read() {
+        assert_eq!(parse_grpc_timeout("20m"), Some(Duration::from_millis(20)));
+        assert_eq!(parse_grpc_timeout("1S"), Some(Duration::from_secs(1)));
+        assert_eq!(parse_grpc_timeout("2M"), Some(Duration::from_secs(120)));
+        assert_eq!(parse_grpc_timeout("1H"), Some(Duration::from_secs(3600)));
+        assert_eq!(parse_grpc_timeout("500u"), Some(Duration::from_micros(500)));
+        assert_eq!(
+            parse_grpc_timeout("99999999n"),
+            Some(Duration::from_nanos(99_999_999))
+        );
+    }
+
+    #[test]
+    fn malformed_grpc_timeouts_are_ignored() {
+        for value in ["", "m", "20", "20x", "123456789m", "-5m", "1.5S", "٣m"] {
+            assert_eq!(parse_grpc_timeout(value), None, "{value:?}");
+        }
+    }
+
+    #[test]
+    fn the_backend_gets_most_of_the_callers_deadline() {
+        let mut request = Request::new(());
+        let received = Instant::now();
+        assert_eq!(answer_by(&request, received), None);
+        request
+            .metadata_mut()
+            .insert("grpc-timeout", "20m".parse().expect("ascii"));
+        assert_eq!(
+            answer_by(&request, received),
+            Some(received + Duration::from_millis(16))
+        );
     }
 }

@@ -16,6 +16,7 @@ use std::borrow::Cow;
 use std::sync::Arc;
 
 use arc_swap::ArcSwap;
+use tokio::time::Instant;
 
 use crate::backend::{Backend, BackendError, CounterHit, MemoryBackend, OnReject, Origin};
 use crate::limiter::{CounterKey, Decision, Limit, SECOND_MICROS};
@@ -161,6 +162,17 @@ impl RateLimiter {
         &self,
         request: &RateLimitRequest,
     ) -> Result<RateLimitResponse, DecideError> {
+        self.should_rate_limit_by(request, None).await
+    }
+
+    /// Decides one request whose caller waits for the answer until `deadline` (gRPC's
+    /// `grpc-timeout`): a backend that cannot answer by then leaves the request to its rules'
+    /// `on_backend_error` in time for the answer to arrive.
+    pub async fn should_rate_limit_by(
+        &self,
+        request: &RateLimitRequest,
+        deadline: Option<Instant>,
+    ) -> Result<RateLimitResponse, DecideError> {
         request::check(request, &self.options.request_limits)?;
         let rules = self.rules.load();
         let resolutions = match rules.domain(&request.domain) {
@@ -205,7 +217,9 @@ impl RateLimiter {
                 }
             }
         }
-        let mut answers = self.backend.hit_all(&hits, self.options.on_reject).await;
+        let mut answers = (self.backend)
+            .hit_all(&hits, self.options.on_reject, deadline)
+            .await;
         let results = std::mem::take(&mut answers.results);
         // Where each decision came from, for the statistics. A failed hit answered by the
         // rule's policy was decided by no counter, unless the policy is `local`, which counts.
@@ -361,7 +375,7 @@ mod future_size {
         );
         let request = Default::default();
         let decision = size_of_future(&limiter.should_rate_limit(&request));
-        let backend = size_of_future(&limiter.backend().hit_all(&[], OnReject::Consume));
+        let backend = size_of_future(&limiter.backend().hit_all(&[], OnReject::Consume, None));
         assert!(
             decision < 1024,
             "should_rate_limit's future is {decision} bytes"

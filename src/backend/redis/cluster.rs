@@ -98,10 +98,20 @@ impl RedisClusterBackend {
         })
     }
 
-    /// Applies every hit, in order, each within the command timeout of this request.
-    pub async fn hit_all(&self, hits: &[CounterHit<'_>]) -> Vec<Result<Decision, BackendError>> {
-        let deadline = Instant::now() + self.options.command_timeout;
-        self.hit_all_until(hits, deadline).await
+    /// Applies every hit, in order, each within the command timeout of this request (or by
+    /// its own `deadline`, when that comes first).
+    pub async fn hit_all(
+        &self,
+        hits: &[CounterHit<'_>],
+        deadline: Option<Instant>,
+    ) -> Vec<Result<Decision, BackendError>> {
+        self.hit_all_until(hits, self.deadline(deadline)).await
+    }
+
+    /// The command timeout from now, or the request's own deadline if it comes first.
+    fn deadline(&self, requested: Option<Instant>) -> Instant {
+        let by_timeout = Instant::now() + self.options.command_timeout;
+        requested.map_or(by_timeout, |deadline| deadline.min(by_timeout))
     }
 
     /// Applies every hit as [`hit_all`](Self::hit_all) does; then, if a binding hit was
@@ -113,8 +123,9 @@ impl RedisClusterBackend {
     pub async fn hit_all_or_give_back(
         &self,
         hits: &[CounterHit<'_>],
+        deadline: Option<Instant>,
     ) -> Vec<Result<Decision, BackendError>> {
-        let deadline = Instant::now() + self.options.command_timeout;
+        let deadline = self.deadline(deadline);
         let mut results = self.hit_all_until(hits, deadline).await;
         if !rejects(hits, &results) {
             return results;
@@ -467,7 +478,7 @@ mod tests {
             binding: true,
         };
         let started = std::time::Instant::now();
-        let results = cluster.hit_all(&[hit("a"), hit("b")]).await;
+        let results = cluster.hit_all(&[hit("a"), hit("b")], None).await;
         assert_eq!(results.len(), 2);
         assert!(results.iter().all(Result::is_err), "{results:?}");
         assert!(

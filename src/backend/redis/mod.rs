@@ -1,23 +1,23 @@
-//! Counters in Redis: one Lua script call per counter, every call of a request in one
-//! pipeline on one connection, so a request costs one round trip whatever its number of
-//! descriptors. With `consume_on_reject = false` a request with several hits is instead one
-//! call of the all-or-nothing script, which applies them all or none.
+//! Counters in Redis: every counter hit is decided inside Redis by floodgate's Lua script,
+//! and one script call decides the hits of many requests at once.
 //!
 //! Connections: a [`connect::Source`] opens them (a deadpool-redis pool for one address, or
-//! the sentinels' current primary); the backend keeps a few for good and hands them out
-//! round-robin. Each is a multiplexed connection, shared by every request in flight on it
-//! (their pipelines interleave on one socket), so a request never waits for a checkout —
-//! deadpool's recycle check costs a round trip of its own (UNWATCH + PING) on every
-//! checkout, which measured as three Redis commands per decision instead of one. A connection that breaks, or whose server turned replica
+//! the sentinels' current primary); the backend keeps `pool_size` of them for good and hands
+//! requests to them round-robin. Each is a multiplexed connection with a queue in front
+//! (`batcher.rs`): the hits of the requests waiting on it go out as one call, and a request
+//! that would queue beyond what Redis answers in time is shed at once instead of waiting. A
+//! request never waits for a checkout — deadpool's recycle check costs a round trip of its
+//! own (UNWATCH + PING) on every checkout, which measured as three Redis commands per
+//! decision instead of one. A connection that breaks, or whose server turned replica
 //! (READONLY), is dropped and replaced from the source.
 //!
-//! Scripts are loaded once (SCRIPT LOAD) and called by EVALSHA. A server that lost them
-//! (restart, failover, SCRIPT FLUSH) answers NOSCRIPT for exactly the calls it did not run;
-//! those calls alone are sent again after a reload, so nothing is counted twice. Every wait
-//! — for a pooled connection, for a new connection, for the pipeline's replies — is bounded
-//! by the command timeout, so a dead Redis answers in bounded time instead of piling
-//! requests up.
+//! The script is loaded once (SCRIPT LOAD) and called by EVALSHA. A server that lost it
+//! (restart, failover, SCRIPT FLUSH) answers NOSCRIPT and runs nothing; the call is sent
+//! again after a reload, so nothing is counted twice. Every wait — for a new connection, for
+//! a call's reply — is bounded by the command timeout (or the request's own deadline), so a
+//! dead Redis answers in bounded time instead of piling requests up.
 
+mod batcher;
 mod cluster;
 mod connect;
 pub mod script;
@@ -25,17 +25,20 @@ pub mod script;
 pub use cluster::RedisClusterBackend;
 pub use connect::{Password, redact};
 
+use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
 use deadpool_redis::redis;
+use tokio::time::Instant;
 
-use crate::backend::{BackendError, CounterHit, OnReject};
+use crate::backend::{BackendError, CounterHit};
 use crate::clock::Clock;
 use crate::limiter::Decision;
-use connect::{PrimaryConnection, Source};
-pub(crate) use script::{ScriptClock, Scripts};
+use batcher::{Lane, QueuedHit, Shared};
+use connect::Source;
+use script::Mode;
+pub(crate) use script::Scripts;
 
 /// How to reach Redis and how long to wait for it. `Debug` redacts the password.
 #[derive(Clone, PartialEq, Eq)]
@@ -76,15 +79,10 @@ impl RedisOptions {
 /// One standalone Redis server: a primary behind a single address, or the primary that
 /// Redis Sentinel names.
 pub struct RedisBackend {
-    /// Where new connections come from.
-    source: Source,
-    /// `pool_size` long-lived multiplexed connections, filled from `source` on demand.
-    connections: Box<[Mutex<Option<PrimaryConnection>>]>,
+    /// `pool_size` long-lived multiplexed connections, each with its queue (`batcher.rs`).
+    lanes: Box<[Lane]>,
     next: AtomicUsize,
-    scripts: Scripts,
-    options: RedisOptions,
-    /// This process's clock: only for calendar window boundaries; decisions use Redis time.
-    clock: Arc<dyn Clock>,
+    shared: Arc<Shared>,
 }
 
 impl RedisBackend {
@@ -107,92 +105,66 @@ impl RedisBackend {
         clock: Arc<dyn Clock>,
     ) -> Result<Self, BackendError> {
         options.check_key_prefix()?;
-        Ok(RedisBackend {
+        let lanes = options.pool_size.max(1);
+        let shared = Arc::new(Shared {
             source,
-            connections: (0..options.pool_size.max(1))
-                .map(|_| Mutex::new(None))
-                .collect(),
-            next: AtomicUsize::new(0),
             scripts: Scripts::new(),
             options,
             clock,
+        });
+        Ok(RedisBackend {
+            lanes: (0..lanes).map(|_| Lane::new(shared.clone())).collect(),
+            next: AtomicUsize::new(0),
+            shared,
         })
     }
 
-    /// Applies every hit, in order, within the command timeout.
-    pub async fn hit_all(&self, hits: &[CounterHit<'_>]) -> Vec<Result<Decision, BackendError>> {
-        self.bounded(hits, OnReject::Consume).await
-    }
-
-    /// Applies every hit, in order, only if no binding hit is rejected: one script call, so
-    /// Redis decides the whole request at once and no other client sees it half applied.
-    pub async fn hit_all_or_nothing(
+    /// Applies every hit, in order, by the command timeout or `deadline` if that comes
+    /// first: each hit on its own, or (`all_or_nothing`) only if no binding hit is rejected,
+    /// which Redis decides in one script so no other client sees the request half applied.
+    /// A connection at capacity sheds the request at once ([`BackendError::Overloaded`]).
+    pub async fn hit_all(
         &self,
         hits: &[CounterHit<'_>],
-    ) -> Vec<Result<Decision, BackendError>> {
-        self.bounded(hits, OnReject::ConsumeNothing).await
-    }
-
-    /// One exchange for `hits` within the command timeout.
-    async fn bounded(
-        &self,
-        hits: &[CounterHit<'_>],
-        on_reject: OnReject,
+        all_or_nothing: bool,
+        deadline: Option<Instant>,
     ) -> Vec<Result<Decision, BackendError>> {
         if hits.is_empty() {
             return Vec::new();
         }
-        let timeout = self.options.command_timeout;
-        match tokio::time::timeout(timeout, self.exchange(hits, on_reject)).await {
-            Ok(Ok(results)) => results,
-            Ok(Err(error)) => vec![Err(error); hits.len()],
-            Err(_) => vec![Err(BackendError::Timeout(timeout)); hits.len()],
-        }
-    }
-
-    /// Loads every script on the server (once at start-up; NOSCRIPT reloads them too).
-    pub async fn load_scripts(&self) -> Result<(), BackendError> {
-        let (slot, mut connection) = self.connection().await?;
-        let result = load_scripts(&mut connection, &self.scripts).await;
-        if result.is_err() {
-            *lock(&self.connections[slot]) = None;
-        }
-        result
-    }
-
-    /// The next connection, round-robin; an empty slot is filled from the source.
-    async fn connection(&self) -> Result<(usize, PrimaryConnection), BackendError> {
-        let slot = self.next.fetch_add(1, Ordering::Relaxed) % self.connections.len();
-        if let Some(connection) = lock(&self.connections[slot]).clone() {
-            return Ok((slot, connection));
-        }
-        let connection = self.source.connect().await?;
-        *lock(&self.connections[slot]) = Some(connection.clone());
-        Ok((slot, connection))
-    }
-
-    async fn exchange(
-        &self,
-        hits: &[CounterHit<'_>],
-        on_reject: OnReject,
-    ) -> Result<Vec<Result<Decision, BackendError>>, BackendError> {
-        let (slot, mut connection) = self.connection().await?;
-        let calls: Vec<Call<'_>> = hits
+        let options = &self.shared.options;
+        let by_timeout = Instant::now() + options.command_timeout;
+        let deadline = deadline.map_or(by_timeout, |deadline| deadline.min(by_timeout));
+        let queued = hits
             .iter()
-            .map(|hit| Call::new(&self.options.key_prefix, hit))
+            .map(|hit| QueuedHit {
+                key: format!("{}{}", options.key_prefix, hit.key),
+                limit: hit.limit.clone().into_owned(),
+                hits: hit.hits,
+                binding: hit.binding,
+            })
             .collect();
-        let now = self.clock.now_micros();
-        let result = match on_reject {
-            OnReject::Consume => run_calls(&mut connection, &self.scripts, &calls, now).await,
-            OnReject::ConsumeNothing => {
-                run_all_or_nothing(&mut connection, &self.scripts, &calls, now).await
-            }
+        let mode = if all_or_nothing {
+            Mode::AllOrNothing
+        } else {
+            Mode::Each
         };
-        if result.is_err() {
-            // Possibly a dead socket: the next request on this slot gets a fresh connection.
-            *lock(&self.connections[slot]) = None;
-        }
-        result
+        self.lane().decide(queued, mode, deadline).await
+    }
+
+    /// Loads the script on the server (at start-up, and as the breaker's probe), within the
+    /// connect and command timeouts.
+    pub async fn load_scripts(&self) -> Result<(), BackendError> {
+        let options = &self.shared.options;
+        let bound = options.connect_timeout + options.command_timeout;
+        tokio::time::timeout(bound, self.lane().load_scripts())
+            .await
+            .unwrap_or(Err(BackendError::Timeout(bound)))
+    }
+
+    /// The next lane, round-robin.
+    fn lane(&self) -> &Lane {
+        &self.lanes[self.next.fetch_add(1, Ordering::Relaxed) % self.lanes.len()]
     }
 }
 
@@ -209,74 +181,6 @@ impl<'a> Call<'a> {
             hit,
         }
     }
-}
-
-/// Runs `calls` on one connection as one script call, each hit decided on its own; then,
-/// if the server had lost the script, loads it and sends the call once more (a NOSCRIPT
-/// reply means nothing ran, so nothing is counted twice). `local_now` is this process's
-/// clock, for calendar window boundaries only.
-pub(crate) async fn run_calls<C: redis::aio::ConnectionLike>(
-    connection: &mut C,
-    scripts: &Scripts,
-    calls: &[Call<'_>],
-    local_now: u64,
-) -> Result<Vec<Result<Decision, BackendError>>, BackendError> {
-    run_group(connection, scripts, calls, script::Mode::Each, local_now).await
-}
-
-/// Runs `calls` as one all-or-nothing group (loading the script and sending it once more
-/// if the server had lost it). A failed group fails every call: it ran entirely or not at
-/// all.
-async fn run_all_or_nothing<C: redis::aio::ConnectionLike>(
-    connection: &mut C,
-    scripts: &Scripts,
-    calls: &[Call<'_>],
-    local_now: u64,
-) -> Result<Vec<Result<Decision, BackendError>>, BackendError> {
-    run_group(
-        connection,
-        scripts,
-        calls,
-        script::Mode::AllOrNothing,
-        local_now,
-    )
-    .await
-}
-
-async fn run_group<C: redis::aio::ConnectionLike>(
-    connection: &mut C,
-    scripts: &Scripts,
-    calls: &[Call<'_>],
-    mode: script::Mode,
-    local_now: u64,
-) -> Result<Vec<Result<Decision, BackendError>>, BackendError> {
-    let planned: Vec<script::PlannedHit<'_>> = calls
-        .iter()
-        .map(|call| script::PlannedHit {
-            key: &call.key,
-            limit: &call.hit.limit,
-            hits: call.hit.hits,
-            binding: call.hit.binding,
-        })
-        .collect();
-    let groups = [script::Group {
-        mode,
-        hits: &planned,
-    }];
-    let command = script::batch_call(
-        scripts,
-        &groups,
-        script::Declare::Nothing,
-        ScriptClock::Redis,
-        local_now,
-    );
-    let mut reply = query_one(connection, &command).await?;
-    if is_noscript(&reply) {
-        tracing::info!("redis lost its script; loading it again");
-        load_scripts(connection, scripts).await?;
-        reply = query_one(connection, &command).await?;
-    }
-    Ok(batch_results(&reply, &groups))
 }
 
 /// Each hit's result from a batch call's reply: its decision, or why it has none.
@@ -319,11 +223,6 @@ pub(crate) async fn load_scripts<C: redis::aio::ConnectionLike>(
         script.load_async(connection).await.map_err(unavailable)?;
     }
     Ok(())
-}
-
-/// A slot holds a handle only; a panic elsewhere while it was locked leaves it usable.
-fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
-    mutex.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
 fn is_noscript(reply: &redis::Value) -> bool {

@@ -1,0 +1,195 @@
+//! How much work may wait on one Redis connection before new work is shed.
+//!
+//! A live Redis decides a bounded number of hits per second. Work sent faster than that only
+//! queues, every queued hit waits longer, and once the wait passes the command timeout every
+//! request fails, the ones Redis could have decided included. So each connection admits at
+//! most `limit` hits in flight (queued here or sent and unanswered); a request that would
+//! exceed it is shed at once, before it waits for anything, and its rules' `on_backend_error`
+//! answers it.
+//!
+//! The limit adapts to what Redis achieves, whoever else loads it (other replicas, other
+//! clients): each answered call reports how long its oldest hit waited. A wait above the
+//! target (a fraction of the command timeout) shrinks the limit by a factor, at most once per
+//! target interval; a wait within it, on a connection that used at least half its limit,
+//! grows it by the call's size (additive increase, multiplicative decrease, as TCP's
+//! congestion window). The target sits well inside the timeout, so admitted requests are
+//! answered by Redis and a busy Redis never looks like a dead one.
+
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+/// The smallest limit: a connection always admits this many hits, however slow Redis looks.
+const FLOOR: usize = 32;
+/// The largest limit: beyond it a Redis that answers fast gains nothing from more queueing.
+const CEILING: usize = 1 << 20;
+/// Where a new connection starts.
+const INITIAL: usize = 4096;
+/// What a wait above the target does to the limit.
+const DECREASE: f64 = 0.75;
+
+/// The in-flight limit of one connection and the hits in flight on it.
+#[derive(Debug)]
+pub struct Capacity {
+    in_flight: AtomicUsize,
+    limit: AtomicUsize,
+    /// The wait a call's oldest hit may have before the limit shrinks.
+    target: Duration,
+    /// Recent waits of answered calls, smoothed (µs): what a new request can expect.
+    expected_wait_micros: AtomicU64,
+    /// When the limit last shrank: it shrinks at most once per target interval, so one slow
+    /// moment (many calls answered together) counts once.
+    last_decrease: Mutex<Option<Instant>>,
+}
+
+/// Why work was refused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Refusal {
+    /// The connection is at its limit.
+    Full,
+    /// The request's deadline is nearer than the wait calls have had lately.
+    TooLate,
+}
+
+impl Capacity {
+    /// A connection whose calls should wait no more than `target`.
+    pub fn new(target: Duration) -> Self {
+        Capacity {
+            in_flight: AtomicUsize::new(0),
+            limit: AtomicUsize::new(INITIAL),
+            target: target.max(Duration::from_micros(100)),
+            expected_wait_micros: AtomicU64::new(0),
+            last_decrease: Mutex::new(None),
+        }
+    }
+
+    /// Takes room for `hits` hits that must be answered by `deadline`, or refuses them. The
+    /// room is given back with [`release`](Self::release).
+    pub fn admit(&self, hits: usize, now: Instant, deadline: Instant) -> Result<(), Refusal> {
+        let expected = Duration::from_micros(self.expected_wait_micros.load(Ordering::Relaxed));
+        if deadline.saturating_duration_since(now) < expected {
+            return Err(Refusal::TooLate);
+        }
+        let limit = self.limit.load(Ordering::Relaxed);
+        let before = self.in_flight.fetch_add(hits, Ordering::AcqRel);
+        // One request is always admitted on an idle connection, whatever its size.
+        if before > 0 && before + hits > limit {
+            self.in_flight.fetch_sub(hits, Ordering::AcqRel);
+            return Err(Refusal::Full);
+        }
+        Ok(())
+    }
+
+    /// Gives back the room of `hits` hits: answered, failed or abandoned.
+    pub fn release(&self, hits: usize) {
+        self.in_flight.fetch_sub(hits, Ordering::AcqRel);
+    }
+
+    /// A call of `hits` hits was answered; its oldest hit had waited `waited` since it was
+    /// admitted.
+    pub fn answered(&self, hits: usize, waited: Duration, now: Instant) {
+        let micros = u64::try_from(waited.as_micros()).unwrap_or(u64::MAX);
+        let expected = self.expected_wait_micros.load(Ordering::Relaxed);
+        // An exponentially weighted mean over the last ~8 calls.
+        let smoothed = expected - expected / 8 + micros / 8;
+        self.expected_wait_micros.store(smoothed, Ordering::Relaxed);
+
+        let limit = self.limit.load(Ordering::Relaxed);
+        if waited > self.target {
+            let mut last = self
+                .last_decrease
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            if last.is_none_or(|at| now.duration_since(at) >= self.target) {
+                *last = Some(now);
+                let lower = ((limit as f64 * DECREASE) as usize).max(FLOOR);
+                self.limit.store(lower, Ordering::Relaxed);
+            }
+        } else if 2 * self.in_flight.load(Ordering::Relaxed) >= limit {
+            self.limit
+                .store((limit + hits.max(1)).min(CEILING), Ordering::Relaxed);
+        }
+    }
+
+    #[cfg(test)]
+    fn limit(&self) -> usize {
+        self.limit.load(Ordering::Relaxed)
+    }
+
+    #[cfg(test)]
+    fn in_flight(&self) -> usize {
+        self.in_flight.load(Ordering::Relaxed)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const TARGET: Duration = Duration::from_millis(5);
+
+    fn later(now: Instant, millis: u64) -> Instant {
+        now + Duration::from_millis(millis)
+    }
+
+    #[test]
+    fn hits_beyond_the_limit_are_refused_until_room_is_given_back() {
+        let capacity = Capacity::new(TARGET);
+        let now = Instant::now();
+        let deadline = later(now, 15);
+        capacity
+            .admit(INITIAL, now, deadline)
+            .expect("room for the limit");
+        assert_eq!(capacity.admit(1, now, deadline), Err(Refusal::Full));
+        capacity.release(1);
+        assert_eq!(capacity.admit(1, now, deadline), Ok(()));
+        assert_eq!(capacity.in_flight(), INITIAL);
+    }
+
+    #[test]
+    fn an_idle_connection_admits_one_request_of_any_size() {
+        let capacity = Capacity::new(TARGET);
+        let now = Instant::now();
+        assert_eq!(capacity.admit(10 * INITIAL, now, later(now, 15)), Ok(()));
+    }
+
+    #[test]
+    fn slow_answers_shrink_the_limit_once_per_target_interval_down_to_the_floor() {
+        let capacity = Capacity::new(TARGET);
+        let now = Instant::now();
+        capacity.answered(100, TARGET * 2, now);
+        capacity.answered(100, TARGET * 2, later(now, 1));
+        let once = (INITIAL as f64 * DECREASE) as usize;
+        assert_eq!(capacity.limit(), once);
+        for step in 1..200 {
+            capacity.answered(100, TARGET * 2, later(now, 5 * step));
+        }
+        assert_eq!(capacity.limit(), FLOOR);
+    }
+
+    #[test]
+    fn timely_answers_grow_a_limit_that_is_in_use() {
+        let capacity = Capacity::new(TARGET);
+        let now = Instant::now();
+        capacity.answered(100, TARGET / 2, now);
+        assert_eq!(capacity.limit(), INITIAL, "an unused limit does not grow");
+        capacity
+            .admit(INITIAL / 2, now, later(now, 15))
+            .expect("room");
+        capacity.answered(100, TARGET / 2, now);
+        assert_eq!(capacity.limit(), INITIAL + 100);
+    }
+
+    #[test]
+    fn a_deadline_nearer_than_the_recent_wait_is_refused_at_once() {
+        let capacity = Capacity::new(TARGET);
+        let now = Instant::now();
+        for _ in 0..64 {
+            capacity.answered(1, Duration::from_millis(4), now);
+        }
+        assert_eq!(capacity.admit(1, now, later(now, 2)), Err(Refusal::TooLate));
+        assert_eq!(capacity.admit(1, now, later(now, 10)), Ok(()));
+    }
+}

@@ -1,0 +1,305 @@
+//! One connection's queue: the counter hits of concurrent requests go to Redis together.
+//!
+//! **Batching.** A request's hits join the connection's queue; a driver task takes everything
+//! queued and sends it as one script call (`lua/batch.lua`), which decides every hit in queue
+//! order with one `TIME`. At most [`CALLS_IN_FLIGHT`] calls are outstanding per connection:
+//! while Redis runs one, the next is already on the wire, and what arrives meanwhile waits
+//! for the call after. So a call carries one request when the connection is idle and grows
+//! with the load, and the cost of a call (its parsing, the Lua entry, the clock, the client's
+//! own work per command) is shared by more requests the busier Redis is.
+//!
+//! **Overload.** The queue is bounded by [`Capacity`]: a request that would exceed the
+//! connection's in-flight limit, or whose deadline is nearer than calls have lately waited,
+//! is refused before it waits, with [`BackendError::Overloaded`]. A request that stops
+//! waiting (its deadline passed) before its call is sent is left out of the call, so it is
+//! never counted after it was answered another way.
+//!
+//! **A broken connection** (an exchange error, or a call that got no reply while nothing at
+//! all came back on the connection) is dropped; the next call opens a new one from the
+//! [`Source`].
+
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError};
+
+use futures_util::StreamExt;
+use futures_util::stream::FuturesUnordered;
+use tokio::sync::{mpsc, oneshot};
+use tokio::time::{Instant, timeout_at};
+
+use super::connect::{PrimaryConnection, Source};
+use super::script::{self, Declare, Group, Mode, PlannedHit, ScriptClock, Scripts};
+use super::{RedisOptions, batch_results, is_noscript, load_scripts, query_one};
+use crate::backend::BackendError;
+use crate::backend::capacity::{Capacity, Refusal};
+use crate::clock::Clock;
+use crate::limiter::{Decision, Hits, Limit};
+
+/// Script calls outstanding on one connection: one running in Redis, one on its way.
+const CALLS_IN_FLIGHT: usize = 2;
+/// Requests per script call, so that one call never holds Redis for long.
+const REQUESTS_PER_CALL: usize = 256;
+
+/// What every connection's driver needs: where connections come from, the script, the
+/// settings and the local clock (for calendar windows only).
+pub(super) struct Shared {
+    pub source: Source,
+    pub scripts: Scripts,
+    pub options: RedisOptions,
+    pub clock: Arc<dyn Clock>,
+}
+
+/// One hit as it waits in the queue: owned, since the driver task sends it.
+pub(super) struct QueuedHit {
+    pub key: String,
+    pub limit: Limit,
+    pub hits: Hits,
+    pub binding: bool,
+}
+
+/// One request's hits, waiting for their call.
+struct Request {
+    hits: Vec<QueuedHit>,
+    mode: Mode,
+    admitted: Instant,
+    reply: oneshot::Sender<Vec<Result<Decision, BackendError>>>,
+}
+
+/// A connection's queue and its driver.
+pub(super) struct Lane {
+    state: Arc<LaneState>,
+    /// The driver's queue, started by the first request.
+    queue: OnceLock<mpsc::UnboundedSender<Request>>,
+}
+
+/// What the driver and its calls share.
+struct LaneState {
+    shared: Arc<Shared>,
+    connection: Mutex<Option<PrimaryConnection>>,
+    capacity: Capacity,
+    /// When a reply last came back on this lane's connection (for telling a dead connection
+    /// from a slow Redis).
+    last_reply: Mutex<Option<Instant>>,
+}
+
+impl Lane {
+    pub fn new(shared: Arc<Shared>) -> Self {
+        // Calls should wait no more than a third of the timeout, so the ones Redis decides
+        // are answered well within it.
+        let target = shared.options.command_timeout / 3;
+        Lane {
+            state: Arc::new(LaneState {
+                shared,
+                connection: Mutex::new(None),
+                capacity: Capacity::new(target),
+                last_reply: Mutex::new(None),
+            }),
+            queue: OnceLock::new(),
+        }
+    }
+
+    /// Decides `hits` (each on its own, or all or nothing) by `deadline`: queued for the
+    /// next call, or refused at once when the connection is at capacity.
+    pub async fn decide(
+        &self,
+        hits: Vec<QueuedHit>,
+        mode: Mode,
+        deadline: Instant,
+    ) -> Vec<Result<Decision, BackendError>> {
+        let count = hits.len();
+        let now = Instant::now();
+        if let Err(refusal) = self.state.capacity.admit(count, now, deadline) {
+            let why = match refusal {
+                Refusal::Full => "redis has as many hits in flight as it answers in time",
+                Refusal::TooLate => "the deadline is nearer than the current wait for redis",
+            };
+            return vec![Err(BackendError::Overloaded(why)); count];
+        }
+        let (reply, answer) = oneshot::channel();
+        let request = Request {
+            hits,
+            mode,
+            admitted: now,
+            reply,
+        };
+        if let Err(unsent) = self.queue().send(request) {
+            self.state.capacity.release(count);
+            drop(unsent);
+            return vec![Err(BackendError::Unavailable("redis driver stopped".into())); count];
+        }
+        let timeout = deadline.saturating_duration_since(now);
+        match timeout_at(deadline, answer).await {
+            Ok(Ok(results)) => results,
+            Ok(Err(_)) => vec![Err(BackendError::Unavailable("redis call dropped".into())); count],
+            Err(_) => vec![Err(BackendError::Timeout(timeout)); count],
+        }
+    }
+
+    /// Loads the script through this lane's connection (at start-up, and as the breaker's
+    /// probe); a failure drops the connection.
+    pub async fn load_scripts(&self) -> Result<(), BackendError> {
+        let state = &self.state;
+        let result = async {
+            let mut connection = state.connection().await?;
+            load_scripts(&mut connection, &state.shared.scripts).await
+        }
+        .await;
+        if result.is_err() {
+            state.drop_connection();
+        }
+        result
+    }
+
+    fn queue(&self) -> &mpsc::UnboundedSender<Request> {
+        self.queue.get_or_init(|| {
+            let (sender, receiver) = mpsc::unbounded_channel();
+            tokio::spawn(drive(self.state.clone(), receiver));
+            sender
+        })
+    }
+}
+
+impl LaneState {
+    /// The lane's connection, opened from the source when there is none.
+    async fn connection(&self) -> Result<PrimaryConnection, BackendError> {
+        if let Some(connection) = lock(&self.connection).clone() {
+            return Ok(connection);
+        }
+        let connection = self.shared.source.connect().await?;
+        *lock(&self.connection) = Some(connection.clone());
+        Ok(connection)
+    }
+
+    fn drop_connection(&self) {
+        *lock(&self.connection) = None;
+    }
+}
+
+/// Takes what is queued, a call at a time, keeping [`CALLS_IN_FLIGHT`] calls outstanding.
+async fn drive(state: Arc<LaneState>, mut queue: mpsc::UnboundedReceiver<Request>) {
+    let mut calls = FuturesUnordered::new();
+    let mut taken = Vec::with_capacity(REQUESTS_PER_CALL);
+    loop {
+        tokio::select! {
+            biased;
+            Some(()) = calls.next(), if !calls.is_empty() => {}
+            received = queue.recv_many(&mut taken, REQUESTS_PER_CALL),
+                if calls.len() < CALLS_IN_FLIGHT =>
+            {
+                if received == 0 {
+                    break;
+                }
+                let mut requests = std::mem::take(&mut taken);
+                // Requests whose caller stopped waiting are not sent: they were answered
+                // another way, and must not be counted now.
+                requests.retain(|request| {
+                    let waiting = !request.reply.is_closed();
+                    if !waiting {
+                        state.capacity.release(request.hits.len());
+                    }
+                    waiting
+                });
+                if !requests.is_empty() {
+                    calls.push(call(state.clone(), requests));
+                }
+            }
+        }
+    }
+    while calls.next().await.is_some() {}
+}
+
+/// One script call for `requests`, bounded by the command timeout from when it is sent (no
+/// request waits longer than that); each request
+/// gets its results, and its room in the lane back.
+async fn call(state: Arc<LaneState>, requests: Vec<Request>) {
+    let hits: usize = requests.iter().map(|r| r.hits.len()).sum();
+    let oldest = requests.iter().map(|r| r.admitted).min();
+    let sent = Instant::now();
+    let bound = sent + state.shared.options.command_timeout;
+    let outcome = timeout_at(bound, exchange(&state, &requests)).await;
+    let now = Instant::now();
+    let results: Vec<Vec<Result<Decision, BackendError>>> = match outcome {
+        Ok(Ok(results)) => {
+            *lock(&state.last_reply) = Some(now);
+            let waited = now.saturating_duration_since(oldest.unwrap_or(sent));
+            state.capacity.answered(hits, waited, now);
+            results
+        }
+        Ok(Err(error)) => {
+            // Possibly a dead socket: the next call opens a new connection.
+            state.drop_connection();
+            requests
+                .iter()
+                .map(|r| vec![Err(error.clone()); r.hits.len()])
+                .collect()
+        }
+        Err(_) => {
+            // Nothing came back on this connection since the call went out: it may be dead
+            // (a partition) rather than slow; the next call opens a new one.
+            if lock(&state.last_reply).is_none_or(|at| at < sent) {
+                state.drop_connection();
+            }
+            let timeout = state.shared.options.command_timeout;
+            requests
+                .iter()
+                .map(|r| vec![Err(BackendError::Timeout(timeout)); r.hits.len()])
+                .collect()
+        }
+    };
+    state.capacity.release(hits);
+    for (request, results) in requests.into_iter().zip(results) {
+        // A caller that stopped waiting has its answer already.
+        let _ = request.reply.send(results);
+    }
+}
+
+/// Sends one script call for `requests` on the lane's connection (once more after loading
+/// the script if the server had lost it) and splits its results by request.
+async fn exchange(
+    state: &LaneState,
+    requests: &[Request],
+) -> Result<Vec<Vec<Result<Decision, BackendError>>>, BackendError> {
+    let shared = &state.shared;
+    let planned: Vec<Vec<PlannedHit<'_>>> = requests
+        .iter()
+        .map(|request| {
+            (request.hits.iter())
+                .map(|hit| PlannedHit {
+                    key: &hit.key,
+                    limit: &hit.limit,
+                    hits: hit.hits,
+                    binding: hit.binding,
+                })
+                .collect()
+        })
+        .collect();
+    let groups: Vec<Group<'_>> = (requests.iter().zip(&planned))
+        .map(|(request, hits)| Group {
+            mode: request.mode,
+            hits,
+        })
+        .collect();
+    let local_now = shared.clock.now_micros();
+    let command = script::batch_call(
+        &shared.scripts,
+        &groups,
+        Declare::Nothing,
+        ScriptClock::Redis,
+        local_now,
+    );
+    let mut connection = state.connection().await?;
+    let mut reply = query_one(&mut connection, &command).await?;
+    if is_noscript(&reply) {
+        tracing::info!("redis lost its script; loading it again");
+        load_scripts(&mut connection, &shared.scripts).await?;
+        reply = query_one(&mut connection, &command).await?;
+    }
+    let mut results = batch_results(&reply, &groups).into_iter();
+    Ok(requests
+        .iter()
+        .map(|request| results.by_ref().take(request.hits.len()).collect())
+        .collect())
+}
+
+/// A slot holds a handle only; a panic elsewhere while it was locked leaves it usable.
+fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(PoisonError::into_inner)
+}
