@@ -3,7 +3,8 @@
 -- counters through `all_or_nothing` below, in the same call as other requests' counters.
 --
 -- The algorithms are not written twice: each runs unchanged, with a `call` that records the
--- state of its keys before their first write, so that a rejection can put them back.
+-- state of each key before the first command that writes it, so that a rejection can put
+-- them back.
 
 -- Commands the algorithms use that never write: they need no undo record.
 local READS = {
@@ -39,32 +40,28 @@ local function undo_log()
       else
         redis.call('DEL', record.key)
       end
+      known[record.key] = nil
     end
   end
 
   return log
 end
 
--- A `call` for one counter that saves the counter's keys before its first write. Every
--- command not known to read counts as a write, so an algorithm that learns a new write
--- command stays covered.
-local function recording(log, keys)
+-- A `call` that saves a key before a command first writes it: the command's key (its first
+-- argument), or every key of a DEL. Every command not known to read counts as a write, so an
+-- algorithm that learns a new write command stays covered.
+local function recording(log)
   return function(command, ...)
-    if not READS[string.upper(command)] then
-      for _, key in ipairs(keys) do
+    local name = string.upper(command)
+    if name == 'DEL' then
+      for _, key in ipairs({ ... }) do
         log.save(key)
       end
+    elseif not READS[name] then
+      log.save((...))
     end
     return redis.call(command, ...)
   end
-end
-
--- The keys a counter's algorithm may write: the counter key, and a sliding log's sequence.
-local function keys_of(counter)
-  if counter.algorithm == algorithms.sliding_log then
-    return { counter.key, sequence_of(counter.key) }
-  end
-  return { counter.key }
 end
 
 -- The text of an error a pcall caught: Redis raises a command's error as a table.
@@ -82,11 +79,12 @@ end
 -- reset}), or nil and the message of an algorithm's error, after putting every key back.
 local function all_or_nothing(counters)
   local log = undo_log()
+  local call = recording(log)
   local decisions = {}
   local rejected = false
   for i, c in ipairs(counters) do
     local ok, allowed, remaining, reset =
-      pcall(c.algorithm, recording(log, keys_of(c)), c.key, c.limit, c.amount, c.negative)
+      pcall(c.algorithm, call, c.key, c.limit, c.amount, c.negative)
     if not ok then
       log.restore()
       return nil, message(allowed)

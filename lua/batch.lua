@@ -5,7 +5,9 @@
 -- Layout (all of it in ARGV; no KEYS are declared, so one call may span hash slots):
 --
 --   ARGV[1]          the time: '' to read Redis' TIME, else µs since the epoch (tests only)
---   ARGV[2]          L, the number of limits, then L × 9 entries: algorithm,
+--   ARGV[2]          '1' when every key may be read in one MGET (a standalone Redis; not a
+--                    cluster node, where one command cannot span slots), else ''
+--   ARGV[3]          L, the number of limits, then L × 9 entries: algorithm,
 --                    requests_per_unit, window_us, capacity, token interval_us, and four
 --                    calendar boundaries b0 < b1 < b2 < b3 ('' × 4 unless calendar-aligned)
 --   then groups, until the end of ARGV:
@@ -38,13 +40,14 @@ end
 
 -- The limits, read once however many counters share them.
 local limits = {}
-local at = 3
-for i = 1, number(2) do
+local at = 4
+for i = 1, number(3) do
   local algorithm = algorithms[ARGV[at]]
   if algorithm == nil then
     return redis.error_reply('unknown algorithm ' .. tostring(ARGV[at]))
   end
   local limit = {
+    name = ARGV[at],
     algorithm = algorithm,
     quota = number(at + 1),
     window = number(at + 2),
@@ -66,6 +69,40 @@ local function counter(i)
   end
   local cost = number(i + 2)
   return limit, math.abs(cost), cost < 0
+end
+
+-- Reads ahead, in one MGET per thousand, the string keys the hits will read: each GET inside
+-- a script costs about as much as a whole command does outside it.
+local function read_ahead(from)
+  local keys, at = {}, from
+  while at <= #ARGV do
+    local mode, n = ARGV[at], number(at + 1)
+    local width = mode == 'all' and 4 or 3
+    at = at + 2
+    for _ = 1, n do
+      local limit = limits[tonumber(ARGV[at + 1])]
+      local ahead = limit and prefetch[limit.name]
+      if ahead then
+        local key = ahead(ARGV[at], limit)
+        if key and known[key] == nil then
+          known[key] = false
+          keys[#keys + 1] = key
+        end
+      end
+      at = at + width
+    end
+  end
+  for first = 1, #keys, 1000 do
+    local last = math.min(first + 999, #keys)
+    local values = redis.call('MGET', unpack(keys, first, last))
+    for i = first, last do
+      known[keys[i]] = values[i - first + 1]
+    end
+  end
+end
+
+if ARGV[2] == '1' then
+  read_ahead(at)
 end
 
 local reply, errors = {}, {}

@@ -4,7 +4,10 @@
 -- boundaries (a limit with a time zone), on the calendar. The count starts from zero in every
 -- window, so up to twice the limit can pass around a boundary.
 --
--- State: the hash key = {window_end, count}, expiring at window_end.
+-- State: the count of the window ending at window_end, an integer in the string key
+-- key .. ':' .. window_end (in seconds), expiring at window_end. A key per window: a window's
+-- count is read, incremented and created in one command each, and a key that outlives its
+-- window by the TTL's rounding is never read as another window's.
 
 -- The end of the window containing now: epoch-aligned multiples of the window length, or the
 -- calendar window among [b0, b1), [b1, b2), [b2, b3) that contains now (the nearest one if
@@ -22,6 +25,25 @@ local function window_end(limit)
   return b[4]
 end
 
+-- The key holding the count of the window ending at `ends`; script.rs `state_keys` names it
+-- the same way. Windows end on whole seconds; the seconds are below 10^14, which `..` prints
+-- exactly.
+local function window_key(key, ends)
+  local seconds = ends / 1000000
+  if seconds ~= math.floor(seconds) then
+    return key .. ':' .. int(ends) .. 'us'
+  end
+  return key .. ':' .. seconds
+end
+
+-- The key a hit now reads: batch.lua reads all of them in one MGET where it may.
+prefetch.fixed_window = function(key, limit)
+  if limit.quota == 0 then
+    return nil
+  end
+  return window_key(key, window_end(limit))
+end
+
 -- Allowed iff count + cost <= limit; a give-back lowers the count, never below zero. A hit
 -- that changes nothing writes nothing.
 algorithms.fixed_window = function(call, key, limit, amount, negative)
@@ -29,13 +51,9 @@ algorithms.fixed_window = function(call, key, limit, amount, negative)
   if quota == 0 then
     return admits_nothing(limit, amount, negative)
   end
-  local state = call('HMGET', key, 'window_end', 'count')
   local ends = window_end(limit)
-  local current = tonumber(state[1]) == ends
-  local count = 0
-  if current then
-    count = tonumber(state[2]) or 0
-  end
+  local counter = window_key(key, ends)
+  local count = tonumber(read(call, counter)) or 0
   local allowed, next
   if negative then
     allowed, next = true, math.max(0, count - amount)
@@ -48,11 +66,15 @@ algorithms.fixed_window = function(call, key, limit, amount, negative)
     end
   end
   if next ~= count then
-    if current then
-      -- Same window: the key already expires at its end, so the count alone changes.
-      call('HSET', key, 'count', int(next))
+    if next == 0 then
+      call('DEL', counter)
+      known[counter] = false
+    elseif count == 0 then
+      call('SET', counter, int(next), 'PX', ttl_millis(ends))
+      known[counter] = next
     else
-      store(call, key, ends, 'window_end', int(ends), 'count', int(next))
+      -- The key already expires at the window's end: the count alone changes.
+      known[counter] = call('INCRBY', counter, int(next - count))
     end
   end
   return allowed, math.max(0, quota - next), math.max(0, ends - now)

@@ -27,6 +27,14 @@ local function until_next_unit(limit, tat, remaining)
   return math.max(0, (tat - now) - ahead_then)
 end
 
+-- The key a hit reads: batch.lua reads all of them in one MGET where it may.
+prefetch.gcra = function(key, limit)
+  if limit.quota == 0 or limit.capacity == 0 then
+    return nil
+  end
+  return key
+end
+
 --   new_tat  = max(tat, now) + cost * T
 --   allow_at = new_tat - B * T        allowed iff allow_at <= now, then tat = new_tat
 --
@@ -38,7 +46,7 @@ algorithms.gcra = function(call, key, limit, amount, negative)
   end
   local burst_span = limit.capacity * limit.interval
   local cost_span = amount * limit.interval
-  local tat = tonumber(call('GET', key)) or 0
+  local tat = tonumber(read(call, key)) or 0
   local allowed, next = true, tat
   if amount == 0 then
     allowed = true
@@ -60,8 +68,10 @@ algorithms.gcra = function(call, key, limit, amount, negative)
     -- now is the same as none.
     if next <= now then
       call('DEL', key)
+      known[key] = false
     else
       call('SET', key, int(next), 'PX', ttl_millis(next))
+      known[key] = next
     end
   end
   local left = gcra_remaining(limit, next)

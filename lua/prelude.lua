@@ -7,15 +7,33 @@
 -- Each algorithm registers `algorithms.<name> = function(call, key, limit, amount, negative)`
 -- that decides one hit and answers `allowed, remaining, reset_us`. `call` is redis.call, or
 -- all_or_nothing.lua's recording stand-in. `limit` is a table read once per call of the
--- script (batch.lua). Layout and reply: lua/README.md. All numbers are integer microseconds
--- held in doubles, exact below 2^53.
+-- script (batch.lua). An algorithm whose state is one string key also registers
+-- `prefetch.<name> = function(key, limit)`, the key a hit now would read. Layout and reply:
+-- lua/README.md. All numbers are integer microseconds held in doubles, exact below 2^53.
 
 local algorithms = {}
+local prefetch = {}
 
 -- The instant every counter of this call is decided at: Redis' own TIME, read once by
 -- batch.lua, or the caller's instant in tests (`supplied`).
 local now
 local supplied = false
+
+-- The values of string keys as this call last read or wrote them: `false` for no key, nil
+-- for not known. batch.lua fills it ahead with one MGET where it may (a standalone Redis),
+-- the algorithms keep it up to date as they write, and all_or_nothing.lua forgets what it
+-- puts back. A known value saves a GET, the cost of a whole command inside a script.
+local known = {}
+
+-- The value of the string key `key` (false when there is none).
+local function read(call, key)
+  local value = known[key]
+  if value == nil then
+    value = call('GET', key)
+    known[key] = value
+  end
+  return value
+end
 
 -- Integers as decimal digits: tostring() would keep only 14 significant digits.
 local function int(value)

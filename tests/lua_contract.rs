@@ -10,7 +10,7 @@ mod redis_harness;
 
 use deadpool_redis::redis;
 use floodgate::backend::redis::script::{
-    Group, Mode, PlannedHit, ScriptClock, Scripts, add_call, sequence_key,
+    Group, Mode, PlannedHit, ScriptClock, Scripts, add_call, state_keys,
 };
 use floodgate::limiter::{
     Algorithm, Counter, CounterKey, Decision, Hits, Limit, SECOND_MICROS, Timezone, Unit,
@@ -40,13 +40,9 @@ fn counter_key(test: &str, limit: &Limit) -> CounterKey {
     CounterKey::new("lua-contract", test, 0, limit, [])
 }
 
-/// Every key a script may write for the counter `key`.
-fn keys_of(key: &CounterKey, algorithm: Algorithm) -> Vec<String> {
-    let mut keys = vec![key.as_str().to_owned()];
-    if algorithm == Algorithm::SlidingLog {
-        keys.push(sequence_key(key.as_str()));
-    }
-    keys
+/// Every key a script may write for the counter `key` on a hit at `now`.
+fn keys_of(key: &CounterKey, limit: &Limit, now: u64) -> Vec<String> {
+    state_keys(key.as_str(), limit, now)
 }
 
 async fn start() -> (RedisServer, MultiplexedConnection, Scripts) {
@@ -103,7 +99,7 @@ async fn every_written_key_expires_just_after_its_state_stops_mattering() {
             // All hits are at one instant, so the TTL set by the last write is the state's
             // useful life from now, rounded up to the millisecond.
             let life_ms = counter.expires_at().saturating_sub(now).div_ceil(1_000);
-            for name in keys_of(&key, algorithm) {
+            for name in keys_of(&key, &limit, now) {
                 let ttl = pttl(&mut connection, &name).await;
                 let at = format!("{} step {step} ({hits:?}): {name}", algorithm.name());
                 if life_ms == 0 {
@@ -139,7 +135,7 @@ async fn a_check_on_a_new_counter_creates_no_key() {
         .await
         .expect("a decision");
         assert!(decision.allowed, "{}", algorithm.name());
-        for name in keys_of(&key, algorithm) {
+        for name in keys_of(&key, &limit, PARIS_NOV_15) {
             assert_eq!(pttl(&mut connection, &name).await, -2, "{name} exists");
         }
     }
@@ -255,7 +251,17 @@ async fn scripts_read_redis_time_when_no_instant_is_given() {
             "{}: {decision:?}",
             algorithm.name()
         );
-        let ttl = pttl(&mut connection, key.as_str()).await;
+        // The state's key, whatever window Redis' clock put it in.
+        let written: Vec<String> = redis::cmd("KEYS")
+            .arg(format!("{key}*"))
+            .query_async(&mut connection)
+            .await
+            .expect("KEYS");
+        let state = written
+            .iter()
+            .find(|name| !name.ends_with(":seq"))
+            .unwrap_or_else(|| panic!("{}: no key in {written:?}", algorithm.name()));
+        let ttl = pttl(&mut connection, state).await;
         assert!(ttl > 0 && ttl <= 2_000, "{}: PTTL {ttl}", algorithm.name());
     }
 }
@@ -397,13 +403,13 @@ async fn a_rejected_all_or_nothing_call_leaves_every_key_byte_identical_with_its
         let (a, b) = (name("kept-a", &limit), name("kept-b", &limit));
         hit_now(&mut connection, &scripts, &a, &limit, Hits::take(2)).await;
         hit_now(&mut connection, &scripts, &b, &limit, Hits::take(4)).await;
-        let mut keys = vec![a.clone(), b.clone(), name("kept-new", &limit)];
-        if algorithm == Algorithm::SlidingLog {
-            keys.extend([sequence_key(&a), sequence_key(&b)]);
-        }
+        let fresh = name("kept-new", &limit);
+        let keys: Vec<String> = [&a, &b, &fresh]
+            .into_iter()
+            .flat_map(|counter| state_keys(counter, &limit, PARIS_NOV_15 + 1_000))
+            .collect();
         let before = snapshot(&mut connection, &keys).await;
 
-        let fresh = keys[2].clone();
         let request = [
             planned(&a, &limit, Hits::take(1)),
             planned(&fresh, &limit, Hits::take(1)),
@@ -566,7 +572,8 @@ async fn a_batch_decides_every_hit_as_separate_calls_in_the_same_order_would() {
 #[tokio::test]
 async fn an_error_fails_its_own_hit_and_the_rest_of_the_batch_is_decided() {
     let (_server, mut connection, scripts) = start().await;
-    let limit = limit(Algorithm::FixedWindow);
+    // A bucket's state is a hash: a string where it should be fails the hit.
+    let limit = limit(Algorithm::TokenBucket);
     let (wrong, fine) = (name("wrong-type", &limit), name("fine", &limit));
     redis::cmd("SET")
         .arg(&wrong)
@@ -599,10 +606,10 @@ async fn an_error_fails_its_own_hit_and_the_rest_of_the_batch_is_decided() {
         matches!(&reply.decisions[0], Err(message) if message.contains("WRONGTYPE")),
         "{reply:?}"
     );
-    assert_eq!(reply.decisions[1].as_ref().map(|d| d.remaining), Ok(4));
+    assert_eq!(reply.decisions[1].as_ref().map(|d| d.remaining), Ok(7));
     assert_eq!(reply.applied, [None]);
     assert!(reply.decisions[2..].iter().all(Result::is_err), "{reply:?}");
     // The failed group put back what its first hit wrote.
     let left = hit_now(&mut connection, &scripts, &fine, &limit, Hits::take(0)).await;
-    assert_eq!(left.remaining, 4);
+    assert_eq!(left.remaining, 7);
 }

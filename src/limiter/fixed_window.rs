@@ -16,8 +16,9 @@ pub(super) struct State {
 }
 
 impl State {
+    /// A count of zero is as good as no state (its twin deletes the key).
     pub(super) fn expires_at(&self) -> u64 {
-        self.window_end
+        if self.count == 0 { 0 } else { self.window_end }
     }
 }
 

@@ -6,7 +6,7 @@
 use deadpool_redis::redis;
 use deadpool_redis::redis::aio::ConnectionLike;
 use floodgate::backend::redis::script::{
-    BatchReply, Declare, Group, PlannedHit, ScriptClock, Scripts, add_call, all_or_nothing_call,
+    BatchReply, Group, PlannedHit, ScriptClock, Scripts, Target, add_call, all_or_nothing_call,
     all_or_nothing_reply, batch_call, batch_reply, decision,
 };
 use floodgate::limiter::{Decision, Hits, Limit};
@@ -91,7 +91,7 @@ pub async fn batch<C: ConnectionLike>(
     let command = batch_call(
         scripts,
         groups,
-        Declare::Nothing,
+        Target::Server,
         ScriptClock::Fixed(now),
         now,
     );

@@ -26,7 +26,7 @@ use tokio::sync::{mpsc, oneshot};
 use tokio::time::{Instant, timeout_at};
 
 use super::connect::{PrimaryConnection, Source};
-use super::script::{self, Declare, Group, Mode, PlannedHit, ScriptClock, Scripts};
+use super::script::{self, Group, Mode, PlannedHit, ScriptClock, Scripts, Target};
 use super::{RedisOptions, batch_results, is_noscript, load_scripts, query_one};
 use crate::backend::BackendError;
 use crate::backend::capacity::{Capacity, Refusal};
@@ -281,7 +281,7 @@ async fn exchange(
     let command = script::batch_call(
         &shared.scripts,
         &groups,
-        Declare::Nothing,
+        Target::Server,
         ScriptClock::Redis,
         local_now,
     );

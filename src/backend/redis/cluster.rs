@@ -212,7 +212,16 @@ impl RedisClusterBackend {
                     load_scripts(&mut connection, &self.scripts).await?;
                     reloaded = true;
                 }
-                Ok(reply) => return reply_to_result(&reply),
+                Ok(reply) => match reply_to_result(&reply) {
+                    // The key the script read first is not served here (its slot is moving
+                    // and the key moved, or the cluster is failing over): nothing ran.
+                    Err(BackendError::Unavailable(message)) if not_served_here(&message) => {
+                        tokio::time::sleep(pause).await;
+                        pause = (pause * 2).min(LONGEST_PAUSE);
+                        target = None;
+                    }
+                    result => return result,
+                },
                 Err(error) => match Resend::after(&error) {
                     Some(Resend::Later) => {
                         tokio::time::sleep(pause).await;
@@ -303,6 +312,13 @@ impl RedisClusterBackend {
         self.connection.store(Some(Arc::new(connection.clone())));
         Ok(connection)
     }
+}
+
+/// Whether a hit's error says the node does not serve its key now: a script that touches a
+/// key the cluster has moved away (or cannot serve while it is down) fails on that key's
+/// first read, before it wrote anything, so the hit can be sent again.
+fn not_served_here(message: &str) -> bool {
+    message.contains("non local key") || message.contains("cluster is down")
 }
 
 /// Whether `hit` took quota that a rejected request must give back: an allowed hit that

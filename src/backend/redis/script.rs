@@ -8,7 +8,7 @@
 
 use deadpool_redis::redis;
 
-use crate::limiter::{Algorithm, Decision, Hits, Limit};
+use crate::limiter::{Algorithm, Decision, Hits, Limit, SECOND_MICROS};
 
 /// Where a script reads the time: Redis' own clock in production; a fixed instant in tests.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -92,17 +92,55 @@ pub struct Group<'a> {
     pub hits: &'a [PlannedHit<'a>],
 }
 
-/// Which keys a call declares. The script reads every key from ARGV; declared keys only
-/// tell Redis Cluster where the call belongs.
+/// Where a call runs, which decides the keys it declares and how it may read them. The
+/// script reads every key from ARGV; declared keys only tell Redis Cluster where the call
+/// belongs, and must be the keys the script touches: a cluster checks declared keys for a
+/// slot in migration (ASK, TRYAGAIN), and refuses an undeclared key that has moved away.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Declare {
-    /// None: the caller sends the call to the server that holds every key (a standalone
-    /// Redis, or the cluster node that serves all their slots), and the script's
-    /// cross-slot flag lets it touch keys of several slots there.
-    Nothing,
-    /// Every key (all in one slot): the cluster routes and redirects the call (MOVED, ASK,
-    /// TRYAGAIN) as it does any single-slot command, before anything runs.
-    EveryKey,
+pub enum Target {
+    /// A standalone Redis: no keys declared, and the string states are read ahead in one
+    /// MGET per call.
+    Server,
+    /// The cluster node that serves the slots of every key: no keys declared (the caller
+    /// routes the call), and the script's cross-slot flag lets it touch keys of several
+    /// slots there; no MGET, which cannot span slots.
+    Node,
+    /// Every key in one slot: all declared, so the cluster routes and redirects the call
+    /// (MOVED, ASK, TRYAGAIN) as it does any single-slot command, before anything runs.
+    /// Keys are read one by one: the first read of a key that is not served there fails
+    /// that hit before it wrote anything.
+    Slot,
+}
+
+/// The Redis keys that hold a counter's state when a hit at `now_micros` reads it: the
+/// counter key; a fixed window's key for the window containing `now_micros`; a sliding log's
+/// and its sequence.
+pub fn state_keys(key: &str, limit: &Limit, now_micros: u64) -> Vec<String> {
+    match limit.algorithm {
+        Algorithm::FixedWindow => {
+            let ends = match calendar_boundaries(limit, now_micros) {
+                Some([_, start, _, _]) if now_micros < start => start,
+                Some([_, _, end, next]) if now_micros >= end => next,
+                Some([_, _, end, _]) => end,
+                None => {
+                    let window = limit.window_micros().max(1);
+                    now_micros - now_micros % window + window
+                }
+            };
+            vec![window_key(key, ends)]
+        }
+        Algorithm::SlidingLog => vec![key.to_owned(), sequence_key(key)],
+        _ => vec![key.to_owned()],
+    }
+}
+
+/// The key of a fixed window's count, named as `window_key` in `lua/fixed_window.lua` does.
+fn window_key(key: &str, ends_micros: u64) -> String {
+    if ends_micros.is_multiple_of(SECOND_MICROS) {
+        format!("{key}:{}", ends_micros / SECOND_MICROS)
+    } else {
+        format!("{key}:{ends_micros}us")
+    }
 }
 
 /// The EVALSHA that decides every group, in order, in one script call that reads the clock
@@ -111,7 +149,7 @@ pub enum Declare {
 pub fn batch_call(
     scripts: &Scripts,
     groups: &[Group<'_>],
-    declare: Declare,
+    target: Target,
     clock: ScriptClock,
     local_now: u64,
 ) -> redis::Cmd {
@@ -132,29 +170,23 @@ pub fn batch_call(
 
     let mut call = redis::cmd("EVALSHA");
     call.arg(scripts.batch.get_hash());
-    match declare {
-        Declare::Nothing => call.arg(0),
-        Declare::EveryKey => {
-            let hits = || groups.iter().flat_map(|g| g.hits);
-            let keys = |hit: &PlannedHit<'_>| match hit.limit.algorithm {
-                Algorithm::SlidingLog => 2,
-                _ => 1,
-            };
-            call.arg(hits().map(keys).sum::<usize>());
-            for hit in hits() {
-                call.arg(hit.key);
-                if keys(hit) == 2 {
-                    call.arg(sequence_key(hit.key));
-                }
-            }
-            &mut call
+    match target {
+        Target::Server | Target::Node => call.arg(0),
+        Target::Slot => {
+            // The keys the hits will touch by this process's clock; near a window's end
+            // Redis' clock may pick the next one, which is in the same slot.
+            let keys: Vec<String> = (groups.iter().flat_map(|g| g.hits))
+                .flat_map(|hit| state_keys(hit.key, hit.limit, local_now))
+                .collect();
+            call.arg(keys.len()).arg(&keys[..])
         }
     };
     match clock {
         ScriptClock::Redis => call.arg(""),
         ScriptClock::Fixed(now) => call.arg(now),
     };
-    call.arg(limits.len());
+    call.arg(if target == Target::Server { "1" } else { "" })
+        .arg(limits.len());
     for limit in &limits {
         call.arg(limit.algorithm.name())
             .arg(limit.requests_per_unit)
@@ -317,13 +349,7 @@ pub fn add_call(
         mode: Mode::Each,
         hits: &hit,
     }];
-    pipe.add_command(batch_call(
-        scripts,
-        &group,
-        Declare::EveryKey,
-        clock,
-        local_now,
-    ));
+    pipe.add_command(batch_call(scripts, &group, Target::Slot, clock, local_now));
 }
 
 /// Reads the reply to [`add_call`]: the one hit's decision.
@@ -358,7 +384,7 @@ pub fn all_or_nothing_call(
         mode: Mode::AllOrNothing,
         hits: planned,
     }];
-    batch_call(scripts, &group, Declare::Nothing, clock, local_now)
+    batch_call(scripts, &group, Target::Server, clock, local_now)
 }
 
 /// Reads the reply to [`all_or_nothing_call`] of `planned`: whether the hits were applied,
@@ -540,13 +566,13 @@ mod tests {
         let call = batch_call(
             &Scripts::new(),
             &groups,
-            Declare::Nothing,
+            Target::Server,
             ScriptClock::Redis,
             0,
         );
         #[rustfmt::skip]
         let expected = [
-            "0", "", "2",
+            "0", "", "1", "2",
             "fixed_window", "5", "1000000", "5", "200000", "", "", "", "",
             "gcra", "5", "1000000", "5", "200000", "", "", "", "",
             "each", "3", "a", "1", "2", "b", "2", "-3", "c", "1", "1",
