@@ -1,0 +1,140 @@
+//! A busy Redis is not a dead one. Two floodgates share a real `redis-server` that another
+//! client keeps busy with long Lua scripts (it answers between them, late), while both send
+//! it far more work than it can take: every request still gets a decision, the excess is shed
+//! at once to its rule's policy, the circuit breaker never opens, and the shared count stays
+//! exact.
+
+mod harness;
+mod redis_harness;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use harness::{Floodgate, OK, OVER_LIMIT, descriptor, request};
+use redis_harness::RedisServer;
+
+/// One shared counter of 150 a minute, and per-user counters that never run out; a hit that
+/// Redis cannot decide in time is rejected (fail_closed), so only Redis admits.
+const RULES: &str = "
+domain: busy
+descriptors:
+  - key: shared
+    rate_limit: {unit: minute, requests_per_unit: 150}
+    on_backend_error: fail_closed
+  - key: user
+    rate_limit: {unit: minute, requests_per_unit: 1000000}
+    on_backend_error: fail_closed
+";
+
+const LIMIT: usize = 150;
+
+/// Keeps Redis busy from another connection: a script that spins for `busy`, a pause of
+/// `pause` (when Redis serves everyone else), again, until `stop`.
+fn keep_busy(redis: &RedisServer, busy: Duration, pause: Duration, stop: Arc<AtomicBool>) {
+    let spin = format!(
+        "local function now() local t = redis.call('TIME') return t[1] * 1000000 + t[2] end
+         local until_ = now() + {}
+         while now() < until_ do end
+         return 1",
+        busy.as_micros()
+    );
+    let client = redis.client();
+    std::thread::spawn(move || {
+        let mut connection = client.get_connection().expect("busy client connects");
+        while !stop.load(Ordering::Relaxed) {
+            let _: i64 = deadpool_redis::redis::cmd("EVAL")
+                .arg(&spin)
+                .arg(0)
+                .query(&mut connection)
+                .expect("the busy script runs");
+            std::thread::sleep(pause);
+        }
+    });
+}
+
+/// The value of the unlabelled sample `name` on the server's `/metrics`.
+fn metric(server: &Floodgate, name: &str) -> f64 {
+    let (status, page) = server.http("GET", "/metrics", "");
+    assert_eq!(status, 200, "{page}");
+    page.lines()
+        .find_map(|line| line.strip_prefix(name)?.strip_prefix(' '))
+        .unwrap_or_else(|| panic!("no {name} on the page"))
+        .parse()
+        .expect("a number")
+}
+
+#[tokio::test]
+async fn a_redis_busy_beyond_its_capacity_sheds_the_excess_and_never_opens_the_breaker() {
+    let redis = RedisServer::start();
+    let start = || {
+        Floodgate::start_with_env(
+            &[("rules.yaml", RULES)],
+            &["--backend", "redis", "--redis-url", &redis.url()],
+            &[("FLOODGATE_REDIS_COMMAND_TIMEOUT_MS", "100")],
+        )
+    };
+    let servers = [start(), start()];
+    let stop = Arc::new(AtomicBool::new(false));
+    keep_busy(
+        &redis,
+        Duration::from_millis(40),
+        Duration::from_millis(5),
+        stop.clone(),
+    );
+
+    // 64 requests in flight on each server for two seconds, five hits each.
+    let until = Instant::now() + Duration::from_secs(2);
+    let mut tasks = Vec::new();
+    for (task, server) in (0..128).map(|task| (task, &servers[task % 2])) {
+        let mut client = server.client().await;
+        tasks.push(tokio::spawn(async move {
+            let (mut admitted, mut rejected, mut failed) = (0, 0, Vec::new());
+            let mut round = 0;
+            while Instant::now() < until {
+                let mut descriptors = vec![descriptor(&[("shared", "all")])];
+                descriptors.extend(
+                    (0..4).map(|i| descriptor(&[("user", &format!("u{task}-{round}-{i}"))])),
+                );
+                round += 1;
+                match client.should_rate_limit(request("busy", descriptors)).await {
+                    Ok(response) if response.get_ref().overall_code == OK => admitted += 1,
+                    Ok(response) if response.get_ref().overall_code == OVER_LIMIT => rejected += 1,
+                    Ok(response) => failed.push(format!("{:?}", response.get_ref())),
+                    Err(status) => failed.push(format!("{status:?}")),
+                }
+            }
+            (admitted, rejected, failed)
+        }));
+    }
+    let (mut admitted, mut rejected) = (0, 0);
+    for task in tasks {
+        let (a, r, failed) = task.await.expect("a client task");
+        assert!(failed.is_empty(), "requests without a decision: {failed:?}");
+        admitted += a;
+        rejected += r;
+    }
+    stop.store(true, Ordering::Relaxed);
+
+    assert!(
+        (1..=LIMIT).contains(&admitted),
+        "admitted {admitted} against a shared limit of {LIMIT}"
+    );
+    let shed: f64 = servers
+        .iter()
+        .map(|server| metric(server, "floodgate_backend_shed_total"))
+        .sum();
+    assert!(
+        shed > 0.0,
+        "nothing was shed in {} requests",
+        admitted + rejected
+    );
+    for server in &servers {
+        assert_eq!(metric(server, "floodgate_backend_circuit_open"), 0.0);
+        let (_, page) = server.http("GET", "/metrics", "");
+        assert!(
+            page.contains("floodgate_backend_errors_total{kind=\"circuit_open\"} 0"),
+            "the breaker refused calls: {page}"
+        );
+    }
+}
