@@ -15,19 +15,24 @@
 //! never counted after it was answered another way.
 //!
 //! **A broken connection** (an exchange error, or a call that got no reply while nothing at
-//! all came back on the connection) is dropped; the next call opens a new one from the
-//! [`Source`].
+//! all came back on the connection) is [`reset`](Link::reset): a standalone server's is
+//! dropped and the next call opens a new one.
+//!
+//! A lane does not know what it talks to: a [`Link`] sends its calls, to a standalone server
+//! (`ServerLink` in `mod.rs`) or to one node of a cluster (`cluster.rs`).
 
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError};
+use std::time::Duration;
 
+use deadpool_redis::redis;
 use futures_util::StreamExt;
+use futures_util::future::BoxFuture;
 use futures_util::stream::FuturesUnordered;
 use tokio::sync::{mpsc, oneshot};
 use tokio::time::{Instant, timeout_at};
 
-use super::connect::{PrimaryConnection, Source};
 use super::script::{self, Group, Mode, PlannedHit, ScriptClock, Scripts, Target};
-use super::{RedisOptions, batch_results, is_noscript, load_scripts, query_one};
+use super::{batch_results, is_noscript};
 use crate::backend::BackendError;
 use crate::backend::capacity::{Capacity, Refusal};
 use crate::clock::Clock;
@@ -38,12 +43,30 @@ const CALLS_IN_FLIGHT: usize = 2;
 /// Requests per script call, so that one call never holds Redis for long.
 const REQUESTS_PER_CALL: usize = 256;
 
-/// What every connection's driver needs: where connections come from, the script, the
-/// settings and the local clock (for calendar windows only).
+/// How a lane reaches the server its calls run on.
+pub(super) trait Link: Send + Sync + 'static {
+    /// Where the calls run, which decides the keys they declare and how they read them.
+    fn target(&self) -> Target;
+
+    /// Sends `command`; an error reply comes back as a value (NOSCRIPT must be told apart),
+    /// a failure to exchange it as an error.
+    fn query<'a>(
+        &'a self,
+        command: &'a redis::Cmd,
+    ) -> BoxFuture<'a, Result<redis::Value, BackendError>>;
+
+    /// Loads the script on the server.
+    fn load_scripts<'a>(&'a self, scripts: &'a Scripts) -> BoxFuture<'a, Result<(), BackendError>>;
+
+    /// The connection looks broken: the next call should not use it.
+    fn reset(&self);
+}
+
+/// What every lane needs besides its link: the script, the command timeout and the local
+/// clock (for calendar windows only).
 pub(super) struct Shared {
-    pub source: Source,
     pub scripts: Scripts,
-    pub options: RedisOptions,
+    pub command_timeout: Duration,
     pub clock: Arc<dyn Clock>,
 }
 
@@ -64,31 +87,31 @@ struct Request {
 }
 
 /// A connection's queue and its driver.
-pub(super) struct Lane {
-    state: Arc<LaneState>,
+pub(super) struct Lane<L: Link> {
+    state: Arc<LaneState<L>>,
     /// The driver's queue, started by the first request.
     queue: OnceLock<mpsc::UnboundedSender<Request>>,
 }
 
 /// What the driver and its calls share.
-struct LaneState {
+struct LaneState<L> {
+    link: L,
     shared: Arc<Shared>,
-    connection: Mutex<Option<PrimaryConnection>>,
     capacity: Capacity,
     /// When a reply last came back on this lane's connection (for telling a dead connection
     /// from a slow Redis).
     last_reply: Mutex<Option<Instant>>,
 }
 
-impl Lane {
-    pub fn new(shared: Arc<Shared>) -> Self {
+impl<L: Link> Lane<L> {
+    pub fn new(link: L, shared: Arc<Shared>) -> Self {
         // Calls should wait no more than a third of the timeout, so the ones Redis decides
         // are answered well within it.
-        let target = shared.options.command_timeout / 3;
+        let target = shared.command_timeout / 3;
         Lane {
             state: Arc::new(LaneState {
+                link,
                 shared,
-                connection: Mutex::new(None),
                 capacity: Capacity::new(target),
                 last_reply: Mutex::new(None),
             }),
@@ -134,16 +157,12 @@ impl Lane {
     }
 
     /// Loads the script through this lane's connection (at start-up, and as the breaker's
-    /// probe); a failure drops the connection.
+    /// probe); a failure resets the connection.
     pub async fn load_scripts(&self) -> Result<(), BackendError> {
         let state = &self.state;
-        let result = async {
-            let mut connection = state.connection().await?;
-            load_scripts(&mut connection, &state.shared.scripts).await
-        }
-        .await;
+        let result = state.link.load_scripts(&state.shared.scripts).await;
         if result.is_err() {
-            state.drop_connection();
+            state.link.reset();
         }
         result
     }
@@ -157,24 +176,8 @@ impl Lane {
     }
 }
 
-impl LaneState {
-    /// The lane's connection, opened from the source when there is none.
-    async fn connection(&self) -> Result<PrimaryConnection, BackendError> {
-        if let Some(connection) = lock(&self.connection).clone() {
-            return Ok(connection);
-        }
-        let connection = self.shared.source.connect().await?;
-        *lock(&self.connection) = Some(connection.clone());
-        Ok(connection)
-    }
-
-    fn drop_connection(&self) {
-        *lock(&self.connection) = None;
-    }
-}
-
 /// Takes what is queued, a call at a time, keeping [`CALLS_IN_FLIGHT`] calls outstanding.
-async fn drive(state: Arc<LaneState>, mut queue: mpsc::UnboundedReceiver<Request>) {
+async fn drive<L: Link>(state: Arc<LaneState<L>>, mut queue: mpsc::UnboundedReceiver<Request>) {
     let mut calls = FuturesUnordered::new();
     let mut taken = Vec::with_capacity(REQUESTS_PER_CALL);
     loop {
@@ -209,11 +212,11 @@ async fn drive(state: Arc<LaneState>, mut queue: mpsc::UnboundedReceiver<Request
 /// One script call for `requests`, bounded by the command timeout from when it is sent (no
 /// request waits longer than that); each request
 /// gets its results, and its room in the lane back.
-async fn call(state: Arc<LaneState>, requests: Vec<Request>) {
+async fn call<L: Link>(state: Arc<LaneState<L>>, requests: Vec<Request>) {
     let hits: usize = requests.iter().map(|r| r.hits.len()).sum();
     let oldest = requests.iter().map(|r| r.admitted).min();
     let sent = Instant::now();
-    let bound = sent + state.shared.options.command_timeout;
+    let bound = sent + state.shared.command_timeout;
     let outcome = timeout_at(bound, exchange(&state, &requests)).await;
     let now = Instant::now();
     let results: Vec<Vec<Result<Decision, BackendError>>> = match outcome {
@@ -225,7 +228,7 @@ async fn call(state: Arc<LaneState>, requests: Vec<Request>) {
         }
         Ok(Err(error)) => {
             // Possibly a dead socket: the next call opens a new connection.
-            state.drop_connection();
+            state.link.reset();
             requests
                 .iter()
                 .map(|r| vec![Err(error.clone()); r.hits.len()])
@@ -235,9 +238,9 @@ async fn call(state: Arc<LaneState>, requests: Vec<Request>) {
             // Nothing came back on this connection since the call went out: it may be dead
             // (a partition) rather than slow; the next call opens a new one.
             if lock(&state.last_reply).is_none_or(|at| at < sent) {
-                state.drop_connection();
+                state.link.reset();
             }
-            let timeout = state.shared.options.command_timeout;
+            let timeout = state.shared.command_timeout;
             requests
                 .iter()
                 .map(|r| vec![Err(BackendError::Timeout(timeout)); r.hits.len()])
@@ -253,8 +256,8 @@ async fn call(state: Arc<LaneState>, requests: Vec<Request>) {
 
 /// Sends one script call for `requests` on the lane's connection (once more after loading
 /// the script if the server had lost it) and splits its results by request.
-async fn exchange(
-    state: &LaneState,
+async fn exchange<L: Link>(
+    state: &LaneState<L>,
     requests: &[Request],
 ) -> Result<Vec<Vec<Result<Decision, BackendError>>>, BackendError> {
     let shared = &state.shared;
@@ -281,16 +284,15 @@ async fn exchange(
     let command = script::batch_call(
         &shared.scripts,
         &groups,
-        Target::Server,
+        state.link.target(),
         ScriptClock::Redis,
         local_now,
     );
-    let mut connection = state.connection().await?;
-    let mut reply = query_one(&mut connection, &command).await?;
+    let mut reply = state.link.query(&command).await?;
     if is_noscript(&reply) {
         tracing::info!("redis lost its script; loading it again");
-        load_scripts(&mut connection, &shared.scripts).await?;
-        reply = query_one(&mut connection, &command).await?;
+        state.link.load_scripts(&shared.scripts).await?;
+        reply = state.link.query(&command).await?;
     }
     let mut results = batch_results(&reply, &groups).into_iter();
     Ok(requests

@@ -25,20 +25,21 @@ pub mod script;
 pub use cluster::RedisClusterBackend;
 pub use connect::{Password, redact};
 
-use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
 use deadpool_redis::redis;
+use futures_util::future::BoxFuture;
 use tokio::time::Instant;
 
 use crate::backend::{BackendError, CounterHit};
 use crate::clock::Clock;
 use crate::limiter::Decision;
-use batcher::{Lane, QueuedHit, Shared};
-use connect::Source;
-use script::Mode;
+use batcher::{Lane, Link, QueuedHit, Shared};
+use connect::{PrimaryConnection, Source};
 pub(crate) use script::Scripts;
+use script::{Mode, Target};
 
 /// How to reach Redis and how long to wait for it. `Debug` redacts the password.
 #[derive(Clone, PartialEq, Eq)]
@@ -80,9 +81,48 @@ impl RedisOptions {
 /// Redis Sentinel names.
 pub struct RedisBackend {
     /// `pool_size` long-lived multiplexed connections, each with its queue (`batcher.rs`).
-    lanes: Box<[Lane]>,
+    lanes: Box<[Lane<ServerLink>]>,
     next: AtomicUsize,
-    shared: Arc<Shared>,
+    options: RedisOptions,
+}
+
+/// A lane's link to a standalone server: one multiplexed connection, opened from the
+/// source when there is none.
+struct ServerLink {
+    source: Arc<Source>,
+    connection: Mutex<Option<PrimaryConnection>>,
+}
+
+impl ServerLink {
+    async fn connection(&self) -> Result<PrimaryConnection, BackendError> {
+        if let Some(connection) = lock(&self.connection).clone() {
+            return Ok(connection);
+        }
+        let connection = self.source.connect().await?;
+        *lock(&self.connection) = Some(connection.clone());
+        Ok(connection)
+    }
+}
+
+impl Link for ServerLink {
+    fn target(&self) -> Target {
+        Target::Server
+    }
+
+    fn query<'a>(
+        &'a self,
+        command: &'a redis::Cmd,
+    ) -> BoxFuture<'a, Result<redis::Value, BackendError>> {
+        Box::pin(async move { query_one(&mut self.connection().await?, command).await })
+    }
+
+    fn load_scripts<'a>(&'a self, scripts: &'a Scripts) -> BoxFuture<'a, Result<(), BackendError>> {
+        Box::pin(async move { load_scripts(&mut self.connection().await?, scripts).await })
+    }
+
+    fn reset(&self) {
+        *lock(&self.connection) = None;
+    }
 }
 
 impl RedisBackend {
@@ -105,17 +145,22 @@ impl RedisBackend {
         clock: Arc<dyn Clock>,
     ) -> Result<Self, BackendError> {
         options.check_key_prefix()?;
-        let lanes = options.pool_size.max(1);
+        let source = Arc::new(source);
         let shared = Arc::new(Shared {
-            source,
             scripts: Scripts::new(),
-            options,
+            command_timeout: options.command_timeout,
             clock,
         });
+        let link = || ServerLink {
+            source: source.clone(),
+            connection: Mutex::new(None),
+        };
         Ok(RedisBackend {
-            lanes: (0..lanes).map(|_| Lane::new(shared.clone())).collect(),
+            lanes: (0..options.pool_size.max(1))
+                .map(|_| Lane::new(link(), shared.clone()))
+                .collect(),
             next: AtomicUsize::new(0),
-            shared,
+            options,
         })
     }
 
@@ -132,7 +177,7 @@ impl RedisBackend {
         if hits.is_empty() {
             return Vec::new();
         }
-        let options = &self.shared.options;
+        let options = &self.options;
         let by_timeout = Instant::now() + options.command_timeout;
         let deadline = deadline.map_or(by_timeout, |deadline| deadline.min(by_timeout));
         let queued = hits
@@ -155,7 +200,7 @@ impl RedisBackend {
     /// Loads the script on the server (at start-up, and as the breaker's probe), within the
     /// connect and command timeouts.
     pub async fn load_scripts(&self) -> Result<(), BackendError> {
-        let options = &self.shared.options;
+        let options = &self.options;
         let bound = options.connect_timeout + options.command_timeout;
         tokio::time::timeout(bound, self.lane().load_scripts())
             .await
@@ -163,7 +208,7 @@ impl RedisBackend {
     }
 
     /// The next lane, round-robin.
-    fn lane(&self) -> &Lane {
+    fn lane(&self) -> &Lane<ServerLink> {
         &self.lanes[self.next.fetch_add(1, Ordering::Relaxed) % self.lanes.len()]
     }
 }
@@ -223,6 +268,11 @@ pub(crate) async fn load_scripts<C: redis::aio::ConnectionLike>(
         script.load_async(connection).await.map_err(unavailable)?;
     }
     Ok(())
+}
+
+/// A slot holds a handle only; a panic elsewhere while it was locked leaves it usable.
+fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
 fn is_noscript(reply: &redis::Value) -> bool {
