@@ -471,6 +471,14 @@ fn crc16_slots_match_redis_cluster_keyslot() {
             String::from_utf8_lossy(key),
             replay(seed)
         );
+        // The cluster backend's own slots, by which it groups hits per primary.
+        assert_eq!(
+            floodgate::backend::redis::slots::slot(key),
+            redis_slot,
+            "the backend's slot of {:?}; {}",
+            String::from_utf8_lossy(key),
+            replay(seed)
+        );
     }
 }
 

@@ -176,7 +176,7 @@ descriptors:
 ";
 
 #[tokio::test]
-async fn five_descriptors_on_three_primaries_get_five_right_decisions() {
+async fn five_descriptors_on_three_primaries_get_five_right_decisions_in_one_call_each() {
     let cluster = RedisCluster::start();
     let server = start(SPREAD, &cluster);
     // The memory backend is the reference: the same rules, the same requests, its own counts.
@@ -193,14 +193,27 @@ async fn five_descriptors_on_three_primaries_get_five_right_decisions() {
 
     // Counters land where their hash tags send them: try values until the five counters of
     // one request sit in five slots on all three primaries.
+    let evalsha_calls = |cluster: &RedisCluster| -> u64 {
+        (cluster.primaries().into_iter())
+            .map(|node| {
+                let stats = cluster.command(node, &["INFO", "commandstats"]);
+                (stats.lines())
+                    .find_map(|line| line.strip_prefix("cmdstat_evalsha:calls="))
+                    .and_then(|rest| rest.split(',').next()?.parse().ok())
+                    .unwrap_or(0)
+            })
+            .sum()
+    };
     let mut chosen = None;
     for attempt in 0..30 {
         let value = format!("spread{attempt}");
+        let before = evalsha_calls(&cluster);
         assert_eq!(
             decisions(&server.ask(spread(&value)).await),
             decisions(&reference.ask(spread(&value)).await),
             "{value}, request 1"
         );
+        let calls = evalsha_calls(&cluster) - before;
         let placed: Vec<(u16, Node)> = ALGORITHMS
             .iter()
             .map(|key| {
@@ -210,6 +223,8 @@ async fn five_descriptors_on_three_primaries_get_five_right_decisions() {
             .collect();
         let slots: BTreeSet<u16> = placed.iter().map(|(slot, _)| *slot).collect();
         let nodes: BTreeSet<Node> = placed.iter().map(|(_, node)| *node).collect();
+        // The five hits went as one script call per primary (each primary's lane).
+        assert_eq!(calls, nodes.len() as u64, "{value}: {placed:?}");
         if slots.len() == 5 && nodes.len() == 3 {
             chosen = Some(value);
             break;

@@ -28,14 +28,16 @@
 //! circuit breaker's probe, which runs only while requests keep failing, drops it and the
 //! next caller opens a new one.
 
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use arc_swap::ArcSwapOption;
 use deadpool_redis::redis;
+use futures_util::future::BoxFuture;
 use redis::cluster::{ClusterClient, ClusterClientBuilder};
 use redis::cluster_async::ClusterConnection;
-use redis::cluster_routing::SingleNodeRoutingInfo;
+use redis::cluster_routing::{RoutingInfo, SingleNodeRoutingInfo};
 use redis::io::tcp::TcpSettings;
 use redis::{ErrorKind, RedisError, RedisResult, ServerErrorKind, Value};
 use tokio::time::{Instant, timeout_at};
@@ -44,7 +46,9 @@ use crate::backend::{BackendError, CounterHit, rejects};
 use crate::clock::Clock;
 use crate::limiter::{Decision, Hits};
 
-use super::script::{self, ScriptClock};
+use super::batcher::{Lane, Link, QueuedHit, Shared};
+use super::script::{self, Mode, ScriptClock, Target};
+use super::slots::{Node, SlotMap};
 use super::{
     Call, RedisOptions, Scripts, is_noscript, load_scripts, redact, reply_to_result, unavailable,
 };
@@ -56,15 +60,64 @@ const LONGEST_PAUSE: Duration = Duration::from_millis(100);
 
 /// A Redis Cluster reached through a list of seed nodes.
 pub struct RedisClusterBackend {
+    connector: Arc<Connector>,
+    /// The primaries of the slots, read from the cluster; `None` until first read.
+    slots: Arc<ArcSwapOption<SlotMap>>,
+    /// Held while the slot map is read; and when it last was, so a burst of stale answers
+    /// reads it once.
+    reading_slots: tokio::sync::Mutex<Option<Instant>>,
+    /// One lane (queue, in-flight limit, script calls) per primary.
+    lanes: Mutex<HashMap<Node, Arc<Lane<NodeLink>>>>,
+    shared: Arc<Shared>,
+    options: RedisOptions,
+}
+
+/// The one cluster connection, shared by every lane.
+struct Connector {
     client: ClusterClient,
     /// Opened on first use, then kept: it follows topology changes by itself.
     connection: ArcSwapOption<ClusterConnection>,
     /// Held while opening a connection, so concurrent callers open one, not one each.
     connecting: tokio::sync::Mutex<()>,
-    scripts: Scripts,
-    options: RedisOptions,
-    /// This process's clock: only for calendar window boundaries; decisions use Redis time.
-    clock: Arc<dyn Clock>,
+}
+
+/// A lane's link to one primary: the shared cluster connection, each call routed to the
+/// node's address.
+struct NodeLink {
+    connector: Arc<Connector>,
+    node: SingleNodeRoutingInfo,
+}
+
+impl Link for NodeLink {
+    fn target(&self) -> Target {
+        Target::Node
+    }
+
+    fn query<'a>(&'a self, command: &'a redis::Cmd) -> BoxFuture<'a, Result<Value, BackendError>> {
+        Box::pin(async move {
+            let mut connection = self.connector.connection().await?;
+            let mut pipe = redis::pipe();
+            pipe.ignore_errors().add_command(command.clone());
+            let replies = connection
+                .route_pipeline(pipe, 0, 1, self.node.clone())
+                .await
+                .map_err(unavailable)?;
+            replies
+                .into_iter()
+                .next()
+                .ok_or_else(|| BackendError::Protocol("no reply to the script call".into()))
+        })
+    }
+
+    fn load_scripts<'a>(&'a self, scripts: &'a Scripts) -> BoxFuture<'a, Result<(), BackendError>> {
+        Box::pin(
+            async move { load_scripts(&mut self.connector.connection().await?, scripts).await },
+        )
+    }
+
+    /// The cluster connection reconnects by itself; the backend reads the slot map again
+    /// after a failed call.
+    fn reset(&self) {}
 }
 
 impl RedisClusterBackend {
@@ -89,12 +142,20 @@ impl RedisClusterBackend {
             BackendError::Config(format!("redis cluster {:?}: {e}", redact(&options.url)))
         })?;
         Ok(RedisClusterBackend {
-            client,
-            connection: ArcSwapOption::empty(),
-            connecting: tokio::sync::Mutex::new(()),
-            scripts: Scripts::new(),
+            connector: Arc::new(Connector {
+                client,
+                connection: ArcSwapOption::empty(),
+                connecting: tokio::sync::Mutex::new(()),
+            }),
+            slots: Arc::new(ArcSwapOption::empty()),
+            reading_slots: tokio::sync::Mutex::new(None),
+            lanes: Mutex::new(HashMap::new()),
+            shared: Arc::new(Shared {
+                scripts: Scripts::new(),
+                command_timeout: options.command_timeout,
+                clock,
+            }),
             options,
-            clock,
         })
     }
 
@@ -158,7 +219,10 @@ impl RedisClusterBackend {
         results
     }
 
-    /// Applies every hit, in order, each by `deadline`.
+    /// Applies every hit, in order, each by `deadline`: the hits of each primary in that
+    /// primary's lane, which sends them with other requests' in one script call. A hit the
+    /// node no longer serves (a stale slot map), or whose slot the map does not know, is
+    /// sent again on its own, routed by its slot and following redirects.
     async fn hit_all_until(
         &self,
         hits: &[CounterHit<'_>],
@@ -167,17 +231,82 @@ impl RedisClusterBackend {
         if hits.is_empty() {
             return Vec::new();
         }
-        let timeout = self.options.command_timeout;
-        let connection = match timeout_at(deadline, self.connection()).await {
-            Ok(Ok(connection)) => connection,
-            Ok(Err(error)) => return vec![Err(error); hits.len()],
-            Err(_) => return vec![Err(BackendError::Timeout(timeout)); hits.len()],
-        };
-        let local_now = self.clock.now_micros();
-        let calls: Vec<Call<'_>> = hits
-            .iter()
-            .map(|hit| Call::new(&self.options.key_prefix, hit))
+        let keys: Vec<String> = (hits.iter())
+            .map(|hit| format!("{}{}", self.options.key_prefix, hit.key))
             .collect();
+        let mut results: Vec<Option<Result<Decision, BackendError>>> = vec![None; hits.len()];
+        if let Some(map) = self.slot_map(deadline).await {
+            let mut by_node: HashMap<&Node, Vec<usize>> = HashMap::new();
+            for (index, key) in keys.iter().enumerate() {
+                if let Some(node) = map.node_of(key.as_bytes()) {
+                    by_node.entry(node).or_default().push(index);
+                }
+            }
+            let decided = by_node.into_iter().map(|(node, indices)| {
+                let lane = self.lane(node);
+                let queued = (indices.iter())
+                    .map(|&i| QueuedHit {
+                        key: keys[i].clone(),
+                        limit: hits[i].limit.clone().into_owned(),
+                        hits: hits[i].hits,
+                        binding: hits[i].binding,
+                    })
+                    .collect();
+                async move { (indices, lane.decide(queued, Mode::Each, deadline).await) }
+            });
+            let mut stale = false;
+            for (indices, answers) in futures_util::future::join_all(decided).await {
+                for (index, answer) in indices.into_iter().zip(answers) {
+                    match answer {
+                        Err(BackendError::Unavailable(message)) if not_served_here(&message) => {
+                            stale = true;
+                        }
+                        answer => {
+                            stale |= matches!(
+                                answer,
+                                Err(BackendError::Unavailable(_) | BackendError::Timeout(_))
+                            );
+                            results[index] = Some(answer);
+                        }
+                    }
+                }
+            }
+            if stale {
+                self.read_slots_soon();
+            }
+        }
+        let unanswered: Vec<usize> = (0..hits.len()).filter(|&i| results[i].is_none()).collect();
+        if !unanswered.is_empty() {
+            let calls: Vec<Call<'_>> = (unanswered.iter())
+                .map(|&i| Call {
+                    key: keys[i].clone(),
+                    hit: &hits[i],
+                })
+                .collect();
+            let resent = self.resend_until(&calls, deadline).await;
+            for (index, answer) in unanswered.into_iter().zip(resent) {
+                results[index] = Some(answer);
+            }
+        }
+        (results.into_iter())
+            .map(|answer| answer.unwrap_or_else(|| Err(BackendError::Protocol("no answer".into()))))
+            .collect()
+    }
+
+    /// Sends each call on its own, routed by its slot and following redirects, by
+    /// `deadline`.
+    async fn resend_until(
+        &self,
+        calls: &[Call<'_>],
+        deadline: Instant,
+    ) -> Vec<Result<Decision, BackendError>> {
+        let timeout = self.options.command_timeout;
+        let connection = match timeout_at(deadline, self.connector.connection()).await {
+            Ok(Ok(connection)) => connection,
+            Ok(Err(error)) => return vec![Err(error); calls.len()],
+            Err(_) => return vec![Err(BackendError::Timeout(timeout)); calls.len()],
+        };
+        let local_now = self.shared.clock.now_micros();
         futures_util::future::join_all(calls.iter().map(|call| {
             let connection = connection.clone();
             async move {
@@ -188,6 +317,64 @@ impl RedisClusterBackend {
             }
         }))
         .await
+    }
+
+    /// The lane of `node`, made on first use.
+    fn lane(&self, node: &Node) -> Arc<Lane<NodeLink>> {
+        let mut lanes = self.lanes.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(lane) = lanes.get(node) {
+            return lane.clone();
+        }
+        let link = NodeLink {
+            connector: self.connector.clone(),
+            node: SingleNodeRoutingInfo::ByAddress {
+                host: node.host.clone(),
+                port: node.port,
+            },
+        };
+        let lane = Arc::new(Lane::new(link, self.shared.clone()));
+        lanes.insert(node.clone(), lane.clone());
+        lane
+    }
+
+    /// The slot map, read from the cluster first if there is none yet (by `deadline`);
+    /// `None` when it cannot be read, and every hit goes by its slot alone.
+    async fn slot_map(&self, deadline: Instant) -> Option<Arc<SlotMap>> {
+        if let Some(map) = self.slots.load_full() {
+            return Some(map);
+        }
+        timeout_at(deadline, self.read_slots()).await.ok()?;
+        self.slots.load_full()
+    }
+
+    /// Reads the slot map again in the background, at most once per [`LONGEST_PAUSE`]: the
+    /// request that noticed the change does not wait for it.
+    fn read_slots_soon(&self) {
+        let Ok(mut last) = self.reading_slots.try_lock() else {
+            return;
+        };
+        if last.is_some_and(|at| at.elapsed() < LONGEST_PAUSE) {
+            return;
+        }
+        *last = Some(Instant::now());
+        let (connector, slots) = (self.connector.clone(), self.slots.clone());
+        tokio::spawn(async move {
+            if let Some(map) = read_slot_map(&connector).await {
+                slots.store(Some(Arc::new(map)));
+            }
+        });
+    }
+
+    /// Reads the slot map from the cluster and puts it in force.
+    async fn read_slots(&self) {
+        let mut last = self.reading_slots.lock().await;
+        if self.slots.load().is_some() {
+            return;
+        }
+        *last = Some(Instant::now());
+        if let Some(map) = read_slot_map(&self.connector).await {
+            self.slots.store(Some(Arc::new(map)));
+        }
     }
 
     /// One call, sent again after each redirect until it runs (a redirect means it did not)
@@ -209,7 +396,7 @@ impl RedisClusterBackend {
             {
                 Ok(reply) if is_noscript(&reply) && !reloaded => {
                     tracing::info!("a redis cluster node lost its scripts; loading them again");
-                    load_scripts(&mut connection, &self.scripts).await?;
+                    load_scripts(&mut connection, &self.shared.scripts).await?;
                     reloaded = true;
                 }
                 Ok(reply) => match reply_to_result(&reply) {
@@ -251,7 +438,7 @@ impl RedisClusterBackend {
         let hit = call.hit;
         script::add_call(
             &mut pipe,
-            &self.scripts,
+            &self.shared.scripts,
             &call.key,
             &hit.limit,
             hit.hits,
@@ -282,18 +469,20 @@ impl RedisClusterBackend {
     pub async fn load_scripts(&self) -> Result<(), BackendError> {
         let bound = self.options.connect_timeout + self.options.command_timeout;
         let load = async {
-            let mut connection = self.connection().await?;
-            load_scripts(&mut connection, &self.scripts).await
+            let mut connection = self.connector.connection().await?;
+            load_scripts(&mut connection, &self.shared.scripts).await
         };
         let result = tokio::time::timeout(bound, load)
             .await
             .unwrap_or(Err(BackendError::Timeout(bound)));
         if result.is_err() {
-            self.connection.store(None);
+            self.connector.connection.store(None);
         }
         result
     }
+}
 
+impl Connector {
     /// The shared cluster connection, opened by the first caller that needs it. A failed or
     /// abandoned attempt leaves it unopened for the next caller.
     async fn connection(&self) -> Result<ClusterConnection, BackendError> {
@@ -311,6 +500,28 @@ impl RedisClusterBackend {
             .map_err(unavailable)?;
         self.connection.store(Some(Arc::new(connection.clone())));
         Ok(connection)
+    }
+}
+
+/// The cluster's slot map, asked of any node; `None` (logged) when it cannot be read.
+async fn read_slot_map(connector: &Connector) -> Option<SlotMap> {
+    let read = async {
+        let mut connection = connector.connection().await?;
+        let reply = connection
+            .route_command(
+                redis::cmd("CLUSTER").arg("SLOTS").clone(),
+                RoutingInfo::SingleNode(SingleNodeRoutingInfo::Random),
+            )
+            .await
+            .map_err(unavailable)?;
+        SlotMap::from_cluster_slots(&reply).map_err(BackendError::Protocol)
+    };
+    match read.await {
+        Ok(map) => Some(map),
+        Err(error) => {
+            tracing::warn!(%error, "could not read the redis cluster's slot map");
+            None
+        }
     }
 }
 

@@ -21,6 +21,7 @@ mod batcher;
 mod cluster;
 mod connect;
 pub mod script;
+pub mod slots;
 
 pub use cluster::RedisClusterBackend;
 pub use connect::{Password, redact};
@@ -217,15 +218,6 @@ impl RedisBackend {
 pub(crate) struct Call<'a> {
     pub key: String,
     pub hit: &'a CounterHit<'a>,
-}
-
-impl<'a> Call<'a> {
-    pub fn new(prefix: &str, hit: &'a CounterHit<'a>) -> Self {
-        Call {
-            key: format!("{prefix}{}", hit.key),
-            hit,
-        }
-    }
 }
 
 /// Each hit's result from a batch call's reply: its decision, or why it has none.
