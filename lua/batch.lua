@@ -1,31 +1,44 @@
 -- batch: the driver of every call. One call carries the counter hits of many requests (all
 -- those waiting on one connection, or one cluster node, when it is sent), reads the clock
--- once, and decides each counter in order, exactly as separate calls in that order would.
+-- once, and decides each hit in order, exactly as separate calls in that order would.
 --
--- Layout (all of it in ARGV; no KEYS are declared, so one call may span hash slots):
+-- Layout (every key is in ARGV; KEYS are declared only to route a cluster call by its slot):
 --
 --   ARGV[1]          the time: '' to read Redis' TIME, else µs since the epoch (tests only)
---   ARGV[2]          '1' when every key may be read in one MGET (a standalone Redis; not a
---                    cluster node, where one command cannot span slots), else ''
---   ARGV[3]          L, the number of limits, then L × 9 entries: algorithm,
+--   ARGV[2]          L, the number of limits, then L × 9 entries: algorithm,
 --                    requests_per_unit, window_us, capacity, token interval_us, and four
 --                    calendar boundaries b0 < b1 < b2 < b3 ('' × 4 unless calendar-aligned)
 --   then groups, until the end of ARGV:
---     'each', n      n counters decided one by one: key, limit index (1-based), cost
---     'all', n       one request's n counters, all or nothing (all_or_nothing.lua): key,
---                    limit index, cost, binding ('1' if its rejection rejects the request)
+--     'each', n, limit index (1-based), cost, then n keys
+--                    n hits of one limit and one cost, decided one by one
+--     'all', n, then n × (key, limit index, cost, binding '1' | '0')
+--                    one request's hits, all or nothing (all_or_nothing.lua)
 --
 -- A cost below zero is a give-back of its absolute value. Reply: one flat array, per group
--- in order: an 'each' group's counters as allowed (1 | 0 | -1 for an error), remaining,
--- reset_us; an 'all' group's applied (1 | 0 | -1) then its counters as above; then the
--- message of every error, in order. A counter's error (a key of another type; in a cluster,
--- a key this node does not serve, before anything was written) fails that counter or that
--- 'all' group alone.
+-- in order: an 'each' group's hits, two integers each; an 'all' group's `applied` (1 | 0 |
+-- -1) and then its hits; then the message of every error, in order. A hit's integers are
+-- `code`, remaining + 1 if allowed, -(remaining + 1) if rejected, 0 if it failed; and
+-- reset_us. A hit's error (a key of another type; in a cluster, a key this node does not
+-- serve, refused before anything was written) fails that hit or that 'all' group alone.
+--
+-- What a call costs inside Redis is mostly per argument, per reply integer and per command
+-- (each about as much as a command from a client): hence runs of hits that share their limit
+-- and cost, two integers per hit, one protected call per run rather than per hit.
 
+local call = redis.call
+
+-- ARGV[index] as a number. The same few texts recur in every call (limit indices, costs),
+-- and a table lookup is much cheaper than parsing them again.
+local parsed = {}
 local function number(index)
-  local value = tonumber(ARGV[index])
+  local text = ARGV[index]
+  local value = parsed[text]
   if value == nil then
-    error('ARGV[' .. index .. '] must be a number, got ' .. tostring(ARGV[index]))
+    value = tonumber(text)
+    if value == nil then
+      error('ARGV[' .. index .. '] must be a number, got ' .. tostring(text))
+    end
+    parsed[text] = value
   end
   return value
 end
@@ -34,20 +47,19 @@ end
 if ARGV[1] ~= '' then
   now, supplied = number(1), true
 else
-  local time = redis.call('TIME')
+  local time = call('TIME')
   now = tonumber(time[1]) * 1000000 + tonumber(time[2])
 end
 
--- The limits, read once however many counters share them.
+-- The limits, read once however many hits share them.
 local limits = {}
-local at = 4
-for i = 1, number(3) do
+local at = 3
+for i = 1, number(2) do
   local algorithm = algorithms[ARGV[at]]
   if algorithm == nil then
     return redis.error_reply('unknown algorithm ' .. tostring(ARGV[at]))
   end
   local limit = {
-    name = ARGV[at],
     algorithm = algorithm,
     quota = number(at + 1),
     window = number(at + 2),
@@ -61,111 +73,94 @@ for i = 1, number(3) do
   at = at + 9
 end
 
--- The counter whose key is ARGV[i]: its limit, and its cost as amount and direction.
-local function counter(i)
-  local limit = limits[number(i + 1)]
+-- The limit that ARGV[index] names.
+local function limit_at(index)
+  local limit = limits[number(index)]
   if limit == nil then
-    error('ARGV[' .. (i + 1) .. '] names no limit: ' .. tostring(ARGV[i + 1]))
+    error('ARGV[' .. index .. '] names no limit: ' .. tostring(ARGV[index]))
   end
-  local cost = number(i + 2)
-  return limit, math.abs(cost), cost < 0
+  return limit
 end
 
--- Reads ahead, in one MGET per thousand, the string keys the hits will read: each GET inside
--- a script costs about as much as a whole command does outside it.
-local function read_ahead(from)
-  local keys, at = {}, from
-  while at <= #ARGV do
-    local mode, n = ARGV[at], number(at + 1)
-    local width = mode == 'all' and 4 or 3
-    at = at + 2
-    for _ = 1, n do
-      local limit = limits[tonumber(ARGV[at + 1])]
-      local ahead = limit and prefetch[limit.name]
-      if ahead then
-        local key = ahead(ARGV[at], limit)
-        if key and known[key] == nil then
-          known[key] = false
-          keys[#keys + 1] = key
-        end
-      end
-      at = at + width
-    end
-  end
-  for first = 1, #keys, 1000 do
-    local last = math.min(first + 999, #keys)
-    local values = redis.call('MGET', unpack(keys, first, last))
-    for i = first, last do
-      known[keys[i]] = values[i - first + 1]
-    end
-  end
-end
-
-if ARGV[2] == '1' then
-  read_ahead(at)
-end
-
-local reply, errors = {}, {}
-local function push(value)
-  reply[#reply + 1] = value
+local reply, errors, size = {}, {}, 0
+local function push(code, reset)
+  reply[size + 1] = code
+  reply[size + 2] = reset
+  size = size + 2
 end
 local function answer(allowed, remaining, reset)
-  push(allowed and 1 or 0)
-  push(remaining)
-  push(reset)
+  if allowed then
+    push(remaining + 1, reset)
+  else
+    push(-remaining - 1, reset)
+  end
 end
-local function failed(count)
-  for _ = 1, count do
-    push(-1)
-    push(0)
-    push(0)
+local function failed(text)
+  push(0, 0)
+  errors[#errors + 1] = text
+end
+
+-- The hit decided last: when a run stops on an error, this is the hit that failed.
+local current
+-- Decides the hits whose keys are ARGV[from..to], all of `limit` at one cost.
+local function run(from, to, limit, amount, negative)
+  local algorithm = limit.algorithm
+  for i = from, to do
+    current = i
+    answer(algorithm(call, ARGV[i], limit, amount, negative))
   end
 end
 
 while at <= #ARGV do
   local mode, n = ARGV[at], number(at + 1)
-  at = at + 2
   if mode == 'each' then
-    for _ = 1, n do
-      local key = ARGV[at]
-      local limit, amount, negative = counter(at)
-      local ok, allowed, remaining, reset =
-        pcall(limit.algorithm, redis.call, key, limit, amount, negative)
+    local limit, cost = limit_at(at + 2), number(at + 3)
+    local first, last = at + 4, at + 3 + n
+    -- One protected call for the whole run; a hit that fails (it answered nothing) gets
+    -- its error and the run goes on after it.
+    while first <= last do
+      local ok, caught = pcall(run, first, last, limit, math.abs(cost), cost < 0)
       if ok then
-        answer(allowed, remaining, reset)
-      else
-        failed(1)
-        errors[#errors + 1] = message(allowed)
+        break
       end
-      at = at + 3
+      failed(message(caught))
+      first = current + 1
     end
+    at = last + 1
   elseif mode == 'all' then
     local counters = {}
+    at = at + 2
     for i = 1, n do
-      local limit, amount, negative = counter(at)
+      local cost = number(at + 2)
+      local limit = limit_at(at + 1)
       counters[i] = {
-        algorithm = limit.algorithm, key = ARGV[at], limit = limit, amount = amount,
-        negative = negative, binding = ARGV[at + 3] == '1',
+        algorithm = limit.algorithm, key = ARGV[at], limit = limit, amount = math.abs(cost),
+        negative = cost < 0, binding = ARGV[at + 3] == '1',
       }
       at = at + 4
     end
     local applied, decisions = all_or_nothing(counters)
     if applied == nil then
-      push(-1)
-      failed(n)
+      reply[size + 1] = -1
+      size = size + 1
+      for _ = 1, n do
+        push(0, 0)
+      end
       errors[#errors + 1] = decisions
     else
-      push(applied and 1 or 0)
+      reply[size + 1] = applied and 1 or 0
+      size = size + 1
       for _, d in ipairs(decisions) do
         answer(d[1], d[2], d[3])
       end
     end
   else
-    return redis.error_reply('ARGV[' .. (at - 2) .. '] is no group mode: ' .. tostring(mode))
+    return redis.error_reply('ARGV[' .. at .. '] is no group mode: ' .. tostring(mode))
   end
 end
 
 for _, text in ipairs(errors) do
-  push(text)
+  size = size + 1
+  reply[size] = text
 end
 return reply

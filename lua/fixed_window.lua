@@ -27,21 +27,18 @@ end
 
 -- The key holding the count of the window ending at `ends`; script.rs `state_keys` names it
 -- the same way. Windows end on whole seconds; the seconds are below 10^14, which `..` prints
--- exactly.
-local function window_key(key, ends)
-  local seconds = ends / 1000000
-  if seconds ~= math.floor(seconds) then
-    return key .. ':' .. int(ends) .. 'us'
+-- exactly. The suffix is made once per limit and call: every hit of a call shares `now`.
+local function window_key(key, limit, ends)
+  if limit.ends ~= ends then
+    local seconds = ends / 1000000
+    if seconds ~= math.floor(seconds) then
+      limit.suffix = ':' .. int(ends) .. 'us'
+    else
+      limit.suffix = ':' .. seconds
+    end
+    limit.ends = ends
   end
-  return key .. ':' .. seconds
-end
-
--- The key a hit now reads: batch.lua reads all of them in one MGET where it may.
-prefetch.fixed_window = function(key, limit)
-  if limit.quota == 0 then
-    return nil
-  end
-  return window_key(key, window_end(limit))
+  return key .. limit.suffix
 end
 
 -- Allowed iff count + cost <= limit; a give-back lowers the count, never below zero. A hit
@@ -52,7 +49,7 @@ algorithms.fixed_window = function(call, key, limit, amount, negative)
     return admits_nothing(limit, amount, negative)
   end
   local ends = window_end(limit)
-  local counter = window_key(key, ends)
+  local counter = window_key(key, limit, ends)
   local count = tonumber(read(call, counter)) or 0
   local allowed, next
   if negative then
@@ -70,11 +67,11 @@ algorithms.fixed_window = function(call, key, limit, amount, negative)
       call('DEL', counter)
       known[counter] = false
     elseif count == 0 then
-      call('SET', counter, int(next), 'PX', ttl_millis(ends))
+      call('SET', counter, next, 'PX', ttl_millis(ends))
       known[counter] = next
     else
       -- The key already expires at the window's end: the count alone changes.
-      known[counter] = call('INCRBY', counter, int(next - count))
+      known[counter] = call('INCRBY', counter, next - count)
     end
   end
   return allowed, math.max(0, quota - next), math.max(0, ends - now)

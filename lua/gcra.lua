@@ -27,14 +27,6 @@ local function until_next_unit(limit, tat, remaining)
   return math.max(0, (tat - now) - ahead_then)
 end
 
--- The key a hit reads: batch.lua reads all of them in one MGET where it may.
-prefetch.gcra = function(key, limit)
-  if limit.quota == 0 or limit.capacity == 0 then
-    return nil
-  end
-  return key
-end
-
 --   new_tat  = max(tat, now) + cost * T
 --   allow_at = new_tat - B * T        allowed iff allow_at <= now, then tat = new_tat
 --
@@ -70,7 +62,7 @@ algorithms.gcra = function(call, key, limit, amount, negative)
       call('DEL', key)
       known[key] = false
     else
-      call('SET', key, int(next), 'PX', ttl_millis(next))
+      call('SET', key, next, 'PX', ttl_millis(next))
       known[key] = next
     end
   end

@@ -7,12 +7,10 @@
 -- Each algorithm registers `algorithms.<name> = function(call, key, limit, amount, negative)`
 -- that decides one hit and answers `allowed, remaining, reset_us`. `call` is redis.call, or
 -- all_or_nothing.lua's recording stand-in. `limit` is a table read once per call of the
--- script (batch.lua). An algorithm whose state is one string key also registers
--- `prefetch.<name> = function(key, limit)`, the key a hit now would read. Layout and reply:
--- lua/README.md. All numbers are integer microseconds held in doubles, exact below 2^53.
+-- script (batch.lua). Layout and reply: lua/README.md. All numbers are integer microseconds
+-- held in doubles, exact below 2^53.
 
 local algorithms = {}
-local prefetch = {}
 
 -- The instant every counter of this call is decided at: Redis' own TIME, read once by
 -- batch.lua, or the caller's instant in tests (`supplied`).
@@ -20,9 +18,9 @@ local now
 local supplied = false
 
 -- The values of string keys as this call last read or wrote them: `false` for no key, nil
--- for not known. batch.lua fills it ahead with one MGET where it may (a standalone Redis),
--- the algorithms keep it up to date as they write, and all_or_nothing.lua forgets what it
--- puts back. A known value saves a GET, the cost of a whole command inside a script.
+-- for not known. The algorithms keep it up to date as they write, and all_or_nothing.lua
+-- forgets what it puts back: a counter hit again in the same call (a hot key) costs no
+-- second GET, which inside a script costs about what a whole command does.
 local known = {}
 
 -- The value of the string key `key` (false when there is none).
@@ -35,7 +33,10 @@ local function read(call, key)
   return value
 end
 
--- Integers as decimal digits: tostring() would keep only 14 significant digits.
+-- Integers as decimal digits, for text such as a key name: tostring() would keep only 14
+-- significant digits. A number given to redis.call needs no such care: Redis writes it with
+-- 17 significant digits, exact for every integer below 2^53, and without string.format's
+-- cost, which is that of a whole command.
 local function int(value)
   return string.format('%.0f', value)
 end
@@ -50,7 +51,7 @@ local function ttl_millis(expires_at)
   if supplied then
     millis = millis + 60000
   end
-  return int(millis)
+  return millis
 end
 
 -- Writes a hash state with a TTL ending at expires_at (rounded up to the millisecond).

@@ -38,12 +38,12 @@ end
 -- Logs `count` hits at now, or at the newest timestamp if the clock stepped back, so the log
 -- stays in order.
 local function append(call, key, window, count)
-  local at = int(math.max(now, timestamp(call, key, -1) or now))
-  local last = call('INCRBY', sequence_of(key), int(count))
+  local at = math.max(now, timestamp(call, key, -1) or now)
+  local last = call('INCRBY', sequence_of(key), count)
   local members = {}
   for id = last - count + 1, last do
     members[#members + 1] = at
-    members[#members + 1] = int(id)
+    members[#members + 1] = id
     if #members == 2 * LOG_BATCH then
       call('ZADD', key, unpack(members))
       members = {}
@@ -83,7 +83,7 @@ algorithms.sliding_log = function(call, key, limit, amount, negative)
   if negative then
     if total > 0 then
       -- The newest `amount` hits go (which unit of a timestamp goes first does not matter).
-      call('ZREMRANGEBYRANK', key, int(-amount), -1)
+      call('ZREMRANGEBYRANK', key, -amount, -1)
       expire_log(call, key, limit.window)
     end
     allowed = true

@@ -72,8 +72,8 @@ algorithms.sliding_window = function(call, key, limit, amount, negative)
     allowed, next_prev, next_cur = false, prev, cur
   end
   if next_prev ~= prev or next_cur ~= cur then
-    store(call, key, window_start + 2 * w, 'window_start', int(window_start),
-      'prev', int(next_prev), 'cur', int(next_cur))
+    store(call, key, window_start + 2 * w, 'window_start', window_start,
+      'prev', next_prev, 'cur', next_cur)
   end
   weighted = next_cur + share(next_prev, elapsed, w)
   return allowed, math.max(0, quota - weighted), until_next_drop(next_prev, next_cur, elapsed, w)

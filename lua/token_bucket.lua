@@ -41,7 +41,7 @@ algorithms.token_bucket = function(call, key, limit, amount, negative)
   end
   -- Refilling alone need not be written: refilling twice gives what refilling once does.
   if next ~= tokens then
-    store(call, key, last + (capacity - next) * interval, 'tokens', int(next), 'last', int(last))
+    store(call, key, last + (capacity - next) * interval, 'tokens', next, 'last', last)
   end
   local reset = 0
   if next < capacity then

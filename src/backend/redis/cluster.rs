@@ -90,7 +90,7 @@ struct NodeLink {
 
 impl Link for NodeLink {
     fn target(&self) -> Target {
-        Target::Node
+        Target::Server
     }
 
     fn query<'a>(&'a self, command: &'a redis::Cmd) -> BoxFuture<'a, Result<Value, BackendError>> {

@@ -92,23 +92,19 @@ pub struct Group<'a> {
     pub hits: &'a [PlannedHit<'a>],
 }
 
-/// Where a call runs, which decides the keys it declares and how it may read them. The
-/// script reads every key from ARGV; declared keys only tell Redis Cluster where the call
-/// belongs, and must be the keys the script touches: a cluster checks declared keys for a
-/// slot in migration (ASK, TRYAGAIN), and refuses an undeclared key that has moved away.
+/// Where a call runs, which decides the keys it declares. The script reads every key from
+/// ARGV; declared keys only tell Redis Cluster where the call belongs, and must be the keys
+/// the script touches: a cluster checks declared keys for a slot in migration (ASK,
+/// TRYAGAIN), and refuses an undeclared key that has moved away.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Target {
-    /// A standalone Redis: no keys declared, and the string states are read ahead in one
-    /// MGET per call.
+    /// The server that holds every key: a standalone Redis, or the cluster node that serves
+    /// the slots of them all (the caller routes the call there, and the script's cross-slot
+    /// flag lets it touch keys of several slots). No keys are declared; a hit whose key the
+    /// node no longer serves fails on its first read, before it wrote anything.
     Server,
-    /// The cluster node that serves the slots of every key: no keys declared (the caller
-    /// routes the call), and the script's cross-slot flag lets it touch keys of several
-    /// slots there; no MGET, which cannot span slots.
-    Node,
     /// Every key in one slot: all declared, so the cluster routes and redirects the call
     /// (MOVED, ASK, TRYAGAIN) as it does any single-slot command, before anything runs.
-    /// Keys are read one by one: the first read of a key that is not served there fails
-    /// that hit before it wrote anything.
     Slot,
 }
 
@@ -143,6 +139,85 @@ fn window_key(key: &str, ends_micros: u64) -> String {
     }
 }
 
+/// How a call's groups travel: the distinct limits, each sent once, and sections in group
+/// order. Consecutive `Each` groups become one section of runs: their hits in an order where
+/// hits of one limit are together (stable, so two hits of one counter, which share their
+/// limit, keep their order), cut into runs of one limit and one cost. Hits of different
+/// counters commute, so this order decides each counter as the call order would.
+struct Plan<'h, 'a> {
+    limits: Vec<&'a Limit>,
+    sections: Vec<Section<'h, 'a>>,
+}
+
+enum Section<'h, 'a> {
+    /// Hits decided one by one: `(call index, hit)` in the order sent, and the runs (limit
+    /// number, cost, length) they form.
+    Runs {
+        hits: Vec<(usize, &'h PlannedHit<'a>)>,
+        runs: Vec<(usize, Cost, usize)>,
+    },
+    /// One all-or-nothing group: its hits, each with its limit number.
+    All {
+        first: usize,
+        hits: Vec<(&'h PlannedHit<'a>, usize)>,
+    },
+}
+
+impl<'h, 'a> Plan<'h, 'a> {
+    fn new(groups: &'h [Group<'a>]) -> Self {
+        let mut limits: Vec<&'a Limit> = Vec::new();
+        let mut number = |limit: &'a Limit| -> usize {
+            let known = limits
+                .iter()
+                .position(|&known| std::ptr::eq(known, limit) || *known == *limit);
+            1 + known.unwrap_or_else(|| {
+                limits.push(limit);
+                limits.len() - 1
+            })
+        };
+        let mut sections = Vec::new();
+        let mut index = 0;
+        let mut rest = groups;
+        while let Some(first) = rest.first() {
+            let run = match first.mode {
+                Mode::Each => rest.iter().take_while(|g| g.mode == Mode::Each).count(),
+                Mode::AllOrNothing => 1,
+            };
+            let (these, after) = rest.split_at(run);
+            let start = index;
+            let hits = these.iter().flat_map(|g| g.hits.iter());
+            index += these.iter().map(|g| g.hits.len()).sum::<usize>();
+            sections.push(match first.mode {
+                Mode::AllOrNothing => Section::All {
+                    first: start,
+                    hits: hits.map(|hit| (hit, number(hit.limit))).collect(),
+                },
+                Mode::Each => {
+                    let mut numbered: Vec<(usize, usize, &'h PlannedHit<'a>)> = hits
+                        .enumerate()
+                        .map(|(i, hit)| (number(hit.limit), start + i, hit))
+                        .collect();
+                    numbered.sort_by_key(|&(limit, _, _)| limit);
+                    let mut runs: Vec<(usize, Cost, usize)> = Vec::new();
+                    for &(limit, _, hit) in &numbered {
+                        let cost = Cost(hit.hits);
+                        match runs.last_mut() {
+                            Some((l, c, len)) if *l == limit && *c == cost => *len += 1,
+                            _ => runs.push((limit, cost, 1)),
+                        }
+                    }
+                    Section::Runs {
+                        hits: numbered.into_iter().map(|(_, i, hit)| (i, hit)).collect(),
+                        runs,
+                    }
+                }
+            });
+            rest = after;
+        }
+        Plan { limits, sections }
+    }
+}
+
 /// The EVALSHA that decides every group, in order, in one script call that reads the clock
 /// once (`lua/batch.lua`). `local_now` is this process's clock, used only to compute calendar
 /// windows around now (the script picks the one that contains Redis' time).
@@ -153,25 +228,11 @@ pub fn batch_call(
     clock: ScriptClock,
     local_now: u64,
 ) -> redis::Cmd {
-    // The distinct limits, each sent once; a call holds few, so a linear search is cheapest.
-    let mut limits: Vec<&Limit> = Vec::new();
-    let mut indices = Vec::with_capacity(groups.iter().map(|g| g.hits.len()).sum());
-    for hit in groups.iter().flat_map(|g| g.hits) {
-        let known = limits
-            .iter()
-            .position(|&known| std::ptr::eq(known, hit.limit) || *known == *hit.limit);
-        indices.push(
-            1 + known.unwrap_or_else(|| {
-                limits.push(hit.limit);
-                limits.len() - 1
-            }),
-        );
-    }
-
+    let plan = Plan::new(groups);
     let mut call = redis::cmd("EVALSHA");
     call.arg(scripts.batch.get_hash());
     match target {
-        Target::Server | Target::Node => call.arg(0),
+        Target::Server => call.arg(0),
         Target::Slot => {
             // The keys the hits will touch by this process's clock; near a window's end
             // Redis' clock may pick the next one, which is in the same slot.
@@ -185,9 +246,8 @@ pub fn batch_call(
         ScriptClock::Redis => call.arg(""),
         ScriptClock::Fixed(now) => call.arg(now),
     };
-    call.arg(if target == Target::Server { "1" } else { "" })
-        .arg(limits.len());
-    for limit in &limits {
+    call.arg(plan.limits.len());
+    for limit in &plan.limits {
         call.arg(limit.algorithm.name())
             .arg(limit.requests_per_unit)
             .arg(limit.window_micros())
@@ -198,33 +258,33 @@ pub fn batch_call(
             None => call.arg(&["", "", "", ""][..]),
         };
     }
-    let mut indices = indices.into_iter();
-    let mut rest = groups;
-    while let Some(first) = rest.first() {
-        let run = match first.mode {
-            Mode::Each => rest.iter().take_while(|g| g.mode == Mode::Each).count(),
-            Mode::AllOrNothing => 1,
-        };
-        let (these, after) = rest.split_at(run);
-        call.arg(match first.mode {
-            Mode::Each => "each",
-            Mode::AllOrNothing => "all",
-        })
-        .arg(these.iter().map(|g| g.hits.len()).sum::<usize>());
-        for hit in these.iter().flat_map(|g| g.hits) {
-            call.arg(hit.key)
-                .arg(indices.next().unwrap_or_default())
-                .arg(Cost(hit.hits));
-            if first.mode == Mode::AllOrNothing {
-                call.arg(u8::from(hit.binding));
+    for section in &plan.sections {
+        match section {
+            Section::Runs { hits, runs } => {
+                let mut keys = hits.iter().map(|(_, hit)| hit.key);
+                for &(limit, cost, len) in runs {
+                    call.arg("each").arg(len).arg(limit).arg(cost);
+                    for key in keys.by_ref().take(len) {
+                        call.arg(key);
+                    }
+                }
+            }
+            Section::All { hits, .. } => {
+                call.arg("all").arg(hits.len());
+                for &(hit, limit) in hits {
+                    call.arg(hit.key)
+                        .arg(limit)
+                        .arg(Cost(hit.hits))
+                        .arg(u8::from(hit.binding));
+                }
             }
         }
-        rest = after;
     }
     call
 }
 
 /// A hit's cost as the script reads it: the amount, negative for a give-back.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct Cost(Hits);
 
 impl redis::ToRedisArgs for Cost {
@@ -251,6 +311,8 @@ pub struct BatchReply {
 
 /// Reads a batch call's reply for `groups`, the groups the call was built from.
 pub fn batch_reply(reply: &redis::Value, groups: &[Group<'_>]) -> Result<BatchReply, String> {
+    let plan = Plan::new(groups);
+    let total = groups.iter().map(|g| g.hits.len()).sum();
     let mut items = array(reply)?.iter();
     let mut next = |what: &str| -> Result<i64, String> {
         match items.next() {
@@ -261,48 +323,43 @@ pub fn batch_reply(reply: &redis::Value, groups: &[Group<'_>]) -> Result<BatchRe
             None => Err(format!("rate-limit script reply ends before {what}")),
         }
     };
-    let mut decisions = Vec::with_capacity(groups.iter().map(|g| g.hits.len()).sum());
+    // One decision per hit in call order; `None` for a hit that failed, whose message comes
+    // after the numbers, in the order sent.
+    let mut decisions: Vec<Option<Result<Decision, String>>> = vec![None; total];
     let mut applied = Vec::new();
-    // The hits each error message fails, as (first, count), in the order of the messages.
-    let mut failures: Vec<(usize, usize)> = Vec::new();
-    for group in groups {
-        if group.mode == Mode::AllOrNothing {
-            let flag = match next("applied")? {
-                -1 => None,
-                0 => Some(false),
-                1 => Some(true),
-                other => return Err(format!("rate-limit script replied applied = {other}")),
-            };
-            if flag.is_none() {
-                failures.push((decisions.len(), group.hits.len()));
-            }
-            applied.push(flag);
-        }
-        for _ in group.hits {
-            let allowed = next("allowed")?;
-            let remaining = non_negative(next("remaining")?, "remaining")?;
-            let reset_micros = non_negative(next("reset")?, "reset")?;
-            decisions.push(match allowed {
-                0 | 1 => Ok(Decision {
-                    allowed: allowed == 1,
-                    remaining,
-                    reset_micros,
-                }),
-                -1 => {
-                    if group.mode == Mode::Each {
-                        failures.push((decisions.len(), 1));
+    // The call indices each message fails, in the order of the messages.
+    let mut failures: Vec<Vec<usize>> = Vec::new();
+    for section in &plan.sections {
+        match section {
+            Section::Runs { hits, .. } => {
+                for &(index, _) in hits {
+                    match hit_decision(next("code")?, next("reset")?)? {
+                        Some(decision) => decisions[index] = Some(Ok(decision)),
+                        None => failures.push(vec![index]),
                     }
-                    Err(String::new())
                 }
-                other => {
-                    return Err(format!(
-                        "rate-limit script replied allowed = {other}, not 0 or 1"
-                    ));
+            }
+            Section::All { first, hits } => {
+                let flag = match next("applied")? {
+                    -1 => None,
+                    0 => Some(false),
+                    1 => Some(true),
+                    other => return Err(format!("rate-limit script replied applied = {other}")),
+                };
+                applied.push(flag);
+                let indices = *first..first + hits.len();
+                for index in indices.clone() {
+                    if let Some(decision) = hit_decision(next("code")?, next("reset")?)? {
+                        decisions[index] = Some(Ok(decision));
+                    }
                 }
-            });
+                if flag.is_none() {
+                    failures.push(indices.collect());
+                }
+            }
         }
     }
-    for (first, count) in failures {
+    for failed in failures {
         let text = match items.next() {
             Some(redis::Value::BulkString(bytes)) => String::from_utf8_lossy(bytes).into_owned(),
             Some(redis::Value::SimpleString(text)) => text.clone(),
@@ -312,8 +369,8 @@ pub fn batch_reply(reply: &redis::Value, groups: &[Group<'_>]) -> Result<BatchRe
                 ));
             }
         };
-        for decision in &mut decisions[first..first + count] {
-            *decision = Err(text.clone());
+        for index in failed {
+            decisions[index] = Some(Err(text.clone()));
         }
     }
     if let Some(extra) = items.next() {
@@ -321,7 +378,25 @@ pub fn batch_reply(reply: &redis::Value, groups: &[Group<'_>]) -> Result<BatchRe
             "rate-limit script replied more than its calls: {extra:?}"
         ));
     }
+    let decisions = decisions
+        .into_iter()
+        .map(|decision| decision.ok_or_else(|| "no answer for a hit".to_owned())?)
+        .collect::<Vec<_>>();
     Ok(BatchReply { decisions, applied })
+}
+
+/// One hit's two integers: `code` (remaining + 1 if allowed, -(remaining + 1) if rejected,
+/// 0 if the hit failed) and the reset in µs; `None` for a failed hit.
+fn hit_decision(code: i64, reset: i64) -> Result<Option<Decision>, String> {
+    let reset_micros = non_negative(reset, "reset")?;
+    if code == 0 {
+        return Ok(None);
+    }
+    Ok(Some(Decision {
+        allowed: code > 0,
+        remaining: code.unsigned_abs() - 1,
+        reset_micros,
+    }))
 }
 
 fn non_negative(value: i64, what: &str) -> Result<u64, String> {
@@ -454,30 +529,34 @@ mod tests {
     }
 
     #[test]
-    fn a_reply_of_three_integers_is_a_decision() {
+    fn a_code_and_a_reset_are_a_decision() {
         assert_eq!(
-            decision(&reply(&[1, 4, 250_000])),
+            decision(&reply(&[5, 250_000])),
             Ok(Decision {
                 allowed: true,
                 remaining: 4,
                 reset_micros: 250_000
             })
         );
-        assert!(!decision(&reply(&[0, 0, 1])).expect("a decision").allowed);
+        assert_eq!(
+            decision(&reply(&[-1, 7])),
+            Ok(Decision {
+                allowed: false,
+                remaining: 0,
+                reset_micros: 7
+            })
+        );
     }
 
     #[test]
     fn an_unexpected_reply_is_an_error_naming_what_is_wrong() {
         let cases = [
-            (reply(&[1, 2]), "ends before reset"),
-            (reply(&[2, 0, 0]), "allowed = 2"),
-            (reply(&[1, -1, 0]), "remaining = -1"),
-            (reply(&[1, 1, 0, 7]), "more than its calls"),
+            (reply(&[1]), "ends before reset"),
+            (reply(&[1, -1]), "reset = -1"),
+            (reply(&[1, 1, 7]), "more than its calls"),
+            (reply(&[0, 0]), "not a message"),
             (Value::Nil, "not an array"),
-            (
-                Value::Array(vec![Value::Int(1), text("7"), Value::Int(0)]),
-                "remaining",
-            ),
+            (Value::Array(vec![text("7"), Value::Int(0)]), "code"),
         ];
         for (value, expected) in cases {
             let error = decision(&value).expect_err("not a decision");
@@ -506,7 +585,7 @@ mod tests {
                 hits: &all,
             },
         ];
-        let mut items: Vec<Value> = [1, 4, 10, -1, 0, 0, -1, -1, 0, 0, -1, 0, 0]
+        let mut items: Vec<Value> = [5, 10, 0, 0, -1, 0, 0, 0, 0]
             .into_iter()
             .map(Value::Int)
             .collect();
@@ -528,27 +607,33 @@ mod tests {
         );
     }
 
+    fn planned<'a>(key: &'a str, limit: &'a Limit, hits: Hits) -> PlannedHit<'a> {
+        PlannedHit {
+            key,
+            limit,
+            hits,
+            binding: false,
+        }
+    }
+
     #[test]
-    fn limits_are_sent_once_and_each_runs_share_a_header() {
+    fn limits_are_sent_once_and_runs_of_one_limit_and_cost_share_a_header() {
         let per_second = Limit::per(5, Unit::Second);
         let gcra = Limit {
             algorithm: Algorithm::Gcra,
             ..Limit::per(5, Unit::Second)
         };
-        let hit = |key, limit, hits| PlannedHit {
-            key,
-            limit,
-            hits,
-            binding: false,
-        };
-        let first = [hit("a", &per_second, Hits::take(2))];
         // An equal limit, not the same one, is still sent once.
         let equal = per_second.clone();
-        let second = [
-            hit("b", &gcra, Hits::give_back(3)),
-            hit("c", &equal, Hits::take(1)),
+        let first = [
+            planned("a", &per_second, Hits::take(1)),
+            planned("b", &gcra, Hits::give_back(3)),
         ];
-        let third = [hit("d", &gcra, Hits::take(1))];
+        let second = [
+            planned("c", &equal, Hits::take(1)),
+            planned("d", &gcra, Hits::take(2)),
+        ];
+        let third = [planned("e", &gcra, Hits::take(1))];
         let groups = [
             Group {
                 mode: Mode::Each,
@@ -572,13 +657,30 @@ mod tests {
         );
         #[rustfmt::skip]
         let expected = [
-            "0", "", "1", "2",
+            "0", "", "2",
             "fixed_window", "5", "1000000", "5", "200000", "", "", "", "",
             "gcra", "5", "1000000", "5", "200000", "", "", "", "",
-            "each", "3", "a", "1", "2", "b", "2", "-3", "c", "1", "1",
-            "all", "1", "d", "2", "1", "0",
+            "each", "2", "1", "1", "a", "c",
+            "each", "1", "2", "-3", "b",
+            "each", "1", "2", "2", "d",
+            "all", "1", "e", "2", "1", "0",
         ];
         assert_eq!(arguments(&call), expected);
+        // The reply comes in the order sent; each hit gets its own answer back.
+        let sent_order = [5, 7, 9, 11];
+        let mut items: Vec<Value> = sent_order
+            .iter()
+            .flat_map(|&code| [Value::Int(code), Value::Int(0)])
+            .collect();
+        items.extend([Value::Int(1), Value::Int(13), Value::Int(0)]);
+        let read = batch_reply(&Value::Array(items), &groups).expect("a reply");
+        let remaining: Vec<u64> = read
+            .decisions
+            .iter()
+            .map(|d| d.as_ref().expect("a decision").remaining)
+            .collect();
+        // a, b, c, d, e in call order: a=4, c=6 (the first run), b=8, d=10, e=12.
+        assert_eq!(remaining, [4, 8, 6, 10, 12]);
     }
 
     #[test]
