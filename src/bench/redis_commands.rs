@@ -1,6 +1,8 @@
 //! Redis command accounting: each Redis' `INFO commandstats`, read before and after the
 //! measured interval. The difference over the decisions made is what a decision costs Redis
 //! in commands (1 EVALSHA, or a pipeline's share, or retries and health checks on top).
+//! Redis counts the commands a script runs as well (`TIME`, `HMGET` inside an EVALSHA), so
+//! the total is what Redis executed, not the round trips to it: read EVALSHA for those.
 
 use std::collections::BTreeMap;
 use std::time::Duration;

@@ -183,7 +183,7 @@ impl fmt::Display for Report {
         if let Some(commands) = &self.redis_commands {
             write!(
                 f,
-                "redis cmds   {:.3} per decision:",
+                "redis cmds   {:.3} per decision (a script's own calls included):",
                 self.per_decision(commands.total() as f64)
             )?;
             for (name, calls) in commands.iter() {
