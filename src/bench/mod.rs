@@ -213,6 +213,9 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Failures a report lists, the most common first.
+const MOST_COMMON_FAILURES: usize = 3;
+
 /// Runs the load and returns what it measured.
 pub async fn measure(args: &BenchArgs) -> anyhow::Result<Report> {
     args.check()?;
@@ -249,6 +252,7 @@ pub async fn measure(args: &BenchArgs) -> anyhow::Result<Report> {
         counts: tally.counts,
         latency: Latencies::new(tally.latencies_micros),
         service: Latencies::new(tally.service_micros),
+        failures: tally.failures.most_common(MOST_COMMON_FAILURES),
         redials: connections.redials() - redials_before,
         cpu: cpu::spent(&cpu_before, &cpu_after),
         redis_commands: (!args.redis_addr.is_empty())

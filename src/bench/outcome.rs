@@ -1,5 +1,7 @@
 //! What became of each request, and the tally of a run's requests.
 
+use std::collections::HashMap;
+use std::fmt::Write;
 use std::time::{Duration, Instant};
 
 use tonic::{Code, Status};
@@ -56,11 +58,29 @@ pub fn timed_out(status: &Status) -> bool {
     }
 }
 
+/// A failed request's status in one line: its code and message, and the errors under it
+/// (a GOAWAY's reason, an I/O error), which the message alone often leaves out.
+pub fn describe(status: &Status) -> String {
+    let mut line = format!("{:?}: {}", status.code(), status.message());
+    let mut source = std::error::Error::source(status);
+    while let Some(error) = source {
+        // Wrappers often repeat the text of what they wrap.
+        let text = error.to_string();
+        if !line.ends_with(&text) {
+            let _ = write!(line, ": {text}");
+        }
+        source = error.source();
+    }
+    line
+}
+
 /// One request, timed.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Sample {
     pub outcome: Outcome,
     pub timed_out: bool,
+    /// A failed request's [`describe`]d status.
+    pub failure: Option<String>,
     /// From when the request was due to its answer. In the open loop it was due at its
     /// scheduled time, so every delay before it left (the server's backlog, the generator's
     /// own lateness) counts; in the closed loop it was due when it was sent.
@@ -79,6 +99,7 @@ impl Sample {
         Sample {
             outcome: Outcome::of(answer),
             timed_out: answer.as_ref().err().is_some_and(timed_out),
+            failure: answer.as_ref().err().map(describe),
             latency: answered.saturating_duration_since(due),
             service: answered.saturating_duration_since(sent),
         }
@@ -126,6 +147,7 @@ pub struct Tally {
     pub latencies_micros: Vec<u32>,
     /// [`Sample::service`] of decided requests, in the same order.
     pub service_micros: Vec<u32>,
+    pub failures: Failures,
 }
 
 impl Tally {
@@ -144,12 +166,49 @@ impl Tally {
             Outcome::Error => counts.errors += 1,
         }
         counts.timed_out += u64::from(sample.timed_out);
+        if let Some(failure) = &sample.failure {
+            self.failures.add(failure.clone(), 1);
+        }
     }
 
     pub fn merge(&mut self, other: Tally) {
         self.counts.add(other.counts);
         self.latencies_micros.extend(other.latencies_micros);
         self.service_micros.extend(other.service_micros);
+        for (failure, count) in other.failures.0 {
+            self.failures.add(failure, count);
+        }
+    }
+}
+
+/// How often each kind of failure happened, so that the most common can be shown: the
+/// outcome classes say what failed, these say why.
+#[derive(Debug, Default)]
+pub struct Failures(HashMap<String, u64>);
+
+/// Distinct failures kept; the rest are counted together, so that failures whose text
+/// varies cannot grow the map without bound.
+const FAILURE_KINDS: usize = 32;
+
+const OTHER_KINDS: &str = "(other kinds of failure)";
+
+impl Failures {
+    fn add(&mut self, failure: String, count: u64) {
+        if self.0.len() >= FAILURE_KINDS && !self.0.contains_key(&failure) {
+            *self.0.entry(OTHER_KINDS.to_owned()).or_default() += count;
+        } else {
+            *self.0.entry(failure).or_default() += count;
+        }
+    }
+
+    /// The `n` most common failures, the most common first.
+    pub fn most_common(&self, n: usize) -> Vec<(String, u64)> {
+        let mut failures: Vec<_> = (self.0.iter())
+            .map(|(failure, &count)| (failure.clone(), count))
+            .collect();
+        failures.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
+        failures.truncate(n);
+        failures
     }
 }
 
@@ -256,6 +315,47 @@ mod tests {
     }
 
     #[test]
+    fn a_failure_is_described_with_the_errors_under_it() {
+        let io = std::io::Error::new(std::io::ErrorKind::BrokenPipe, "broken pipe");
+        let mut status = Status::unknown("connection error");
+        status.set_source(std::sync::Arc::new(io));
+        assert_eq!(describe(&status), "Unknown: connection error: broken pipe");
+        let repeated = Status::from_error(Box::new(std::io::Error::other("refused")));
+        assert_eq!(describe(&repeated), "Unknown: refused");
+        let late = Sample::new(
+            &Err(Status::deadline_exceeded("no answer")),
+            Instant::now(),
+            Instant::now(),
+            Instant::now(),
+        );
+        assert_eq!(late.failure.as_deref(), Some("DeadlineExceeded: no answer"));
+    }
+
+    #[test]
+    fn failures_come_most_common_first() {
+        let mut failures = Failures::default();
+        failures.add("b".into(), 1);
+        failures.add("a".into(), 3);
+        failures.add("c".into(), 2);
+        assert_eq!(
+            failures.most_common(2),
+            [("a".to_owned(), 3), ("c".to_owned(), 2)]
+        );
+    }
+
+    #[test]
+    fn failures_beyond_the_kinds_kept_are_counted_together() {
+        let mut failures = Failures::default();
+        for kind in 0..FAILURE_KINDS + 5 {
+            failures.add(format!("kind {kind}"), 10);
+        }
+        failures.add("kind 0".into(), 1);
+        let most_common = failures.most_common(2);
+        assert_eq!(most_common[0], (OTHER_KINDS.to_owned(), 50));
+        assert_eq!(most_common[1], ("kind 0".to_owned(), 11));
+    }
+
+    #[test]
     fn merging_adds_counts_and_keeps_the_highest_peak() {
         let mut a = Tally {
             counts: Counts {
@@ -266,6 +366,7 @@ mod tests {
             },
             latencies_micros: vec![1, 2],
             service_micros: vec![1, 2],
+            failures: Failures::default(),
         };
         a.merge(Tally {
             counts: Counts {
@@ -276,6 +377,7 @@ mod tests {
             },
             latencies_micros: vec![3],
             service_micros: vec![3],
+            failures: Failures::default(),
         });
         let counts = a.counts;
         assert_eq!(

@@ -62,6 +62,9 @@ pub struct Report {
     pub latency: Latencies,
     /// Of decided requests, from when each was sent.
     pub service: Latencies,
+    /// The most common failures (of shed, unavailable and other errors), the most common
+    /// first.
+    pub failures: Vec<(String, u64)>,
     /// Connections the server closed and the generator dialed again during the measured
     /// interval (each failed the requests it carried).
     pub redials: u64,
@@ -151,6 +154,9 @@ impl fmt::Display for Report {
             counts.timed_out,
             self.timeout.as_millis()
         )?;
+        for (failure, count) in &self.failures {
+            writeln!(f, "  {count:>10} × {failure}")?;
+        }
         match self.mode {
             Mode::Closed { .. } => writeln!(f, "latency      {}", self.latency)?,
             Mode::Open { max_in_flight, .. } => {
@@ -217,6 +223,7 @@ pub(super) mod tests {
             },
             latency: Latencies::new((1..=1000).rev().collect()),
             service: Latencies::new((1..=1000).collect()),
+            failures: Vec::new(),
             redials: 0,
             cpu: vec![(Process::Server, 0.5), (Process::LoadGen, 0.25)],
             redis_commands: None,
@@ -284,6 +291,17 @@ pub(super) mod tests {
         assert!(warning.contains("dropped 4 requests (2.0/s)"), "{warning}");
         report.counts.dropped = 0;
         assert_eq!(report.dropped_warning(), None);
+    }
+
+    #[test]
+    fn the_text_lists_the_failures_given() {
+        let mut report = report();
+        report.failures = vec![("Unavailable: backend overloaded".to_owned(), 10)];
+        let text = report.to_string();
+        assert!(
+            text.contains("10 × Unavailable: backend overloaded\n"),
+            "{text}"
+        );
     }
 
     #[test]
