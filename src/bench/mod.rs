@@ -130,6 +130,9 @@ impl BenchArgs {
         if self.max_in_flight == 0 || self.timeout_ms == 0 {
             bail!("--max-in-flight and --timeout-ms must be at least 1");
         }
+        if self.max_in_flight as usize > tokio::sync::Semaphore::MAX_PERMITS {
+            bail!("--max-in-flight is above what this platform can count");
+        }
         Ok(())
     }
 
