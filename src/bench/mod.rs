@@ -208,6 +208,10 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
                 println!("{}", tsv::header());
             }
             println!("{}", tsv::row(&report));
+            // What the row cannot hold goes to stderr, for whoever watches the run.
+            for (failure, count) in &report.failures {
+                eprintln!("failures: {count} × {failure}");
+            }
             if let Some(warning) = report.dropped_warning() {
                 eprintln!("{warning}");
             }
