@@ -4,45 +4,87 @@
 #   scripts/bench.sh [extra `floodgate bench` flags, e.g. --descriptors 5]
 #   BACKEND=redis scripts/bench.sh           # against a redis-server the script starts
 #   BACKEND=redis-cluster scripts/bench.sh   # against a 3-primary cluster it starts
+#
+# Without CURVE: one closed-loop run, 64 in flight over 4 connections, as text (also in
+# /tmp/floodgate-bench.txt). With CURVE, the server and Redis start once and serve several
+# runs, one TSV row each, collected into a table printed at the end and written to
+# /tmp/floodgate-curve-<backend>.tsv:
+#   CURVE=concurrency   the closed loop at each of CONCURRENCIES (default "16 64 256 1024"),
+#                       over concurrency/4 connections (rounded up, at most 16): a few
+#                       requests in flight per connection, as a proxy's pool would carry
+#   CURVE=rate          the closed loop at 256 in flight over 16 connections for the peak
+#                       decided requests/s, then the open loop over 16 connections at each
+#                       of RATES (requests/s) if given, else at 0.25 0.5 0.75 1 1.25 1.5 2 4
+#                       times that peak
+# Every run: DURATION measured seconds (default 10) after WARMUP seconds (default 2). Extra
+# flags go to every run, after the script's own, and a flag given twice takes its last value
+# (so `--connections 8` overrides the script's choice).
+#
+# Placement, for a many-core machine: TASKSET_SERVER, TASKSET_REDIS, TASKSET_LOADGEN are cpu
+# lists for `taskset -c` (empty: no pinning); SERVER_THREADS becomes the server's
+# TOKIO_WORKER_THREADS. Ports: PORT_BASE (default 18000; HTTP on +80, gRPC on +81),
+# REDIS_PORT (default 16379), CLUSTER_PORT (default 17000, and the two after it).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 backend=${BACKEND:-memory}
+curve=${CURVE:-}
+duration=${DURATION:-10}
+warmup=${WARMUP:-2}
+port_base=${PORT_BASE:-18000}
+http_port=$((port_base + 80))
+grpc_port=$((port_base + 81))
+redis_port=${REDIS_PORT:-16379}
+cluster_port=${CLUSTER_PORT:-17000}
+extra=("$@")
+case "$curve" in
+"" | rate | concurrency) ;;
+*)
+    echo "CURVE must be rate or concurrency (or unset)" >&2
+    exit 2
+    ;;
+esac
+
 cargo build --release --quiet
 bin=target/release/floodgate
 pids=()
 trap 'for p in "${pids[@]}"; do kill "$p" 2>/dev/null; done; wait 2>/dev/null || true' EXIT
 
-# A throwaway redis-server on `port`, its pid appended to `pids`.
+# Command prefixes that pin a process to its cpu list. taskset and env exec what they run,
+# so a background process' $! is the pid of the process itself.
+pin_server=() pin_redis=() pin_loadgen=()
+[ -z "${TASKSET_SERVER:-}" ] || pin_server=(taskset -c "$TASKSET_SERVER")
+[ -z "${TASKSET_REDIS:-}" ] || pin_redis=(taskset -c "$TASKSET_REDIS")
+[ -z "${TASKSET_LOADGEN:-}" ] || pin_loadgen=(taskset -c "$TASKSET_LOADGEN")
+
+# A throwaway redis-server on `port`: its pid to kill at exit, and to the bench its pid (for
+# CPU time) and address (for command counts).
+redis_flags=()
 start_redis() {
     local port=$1
     shift
-    redis-server --port "$port" --bind 127.0.0.1 --save "" --appendonly no \
+    "${pin_redis[@]}" redis-server --port "$port" --bind 127.0.0.1 --save "" --appendonly no \
         --logfile /dev/null "$@" >/dev/null &
     pids+=($!)
-    redis_pids+=(--redis-pid "$!")
+    redis_flags+=(--redis-pid "$!" --redis-addr "127.0.0.1:$port")
     until redis-cli -p "$port" ping >/dev/null 2>&1; do sleep 0.05; done
 }
 
 serve_flags=(--backend "$backend")
-redis_pids=()
-redis_ports=()
 case "$backend" in
 memory) ;;
 redis)
-    start_redis 16379
-    redis_ports=(16379)
-    serve_flags+=(--redis-url redis://127.0.0.1:16379)
+    start_redis "$redis_port"
+    serve_flags+=(--redis-url "redis://127.0.0.1:$redis_port")
     ;;
 redis-cluster)
     dir=$(mktemp -d)
     seeds=()
-    for port in 17000 17001 17002; do
+    for port in "$cluster_port" $((cluster_port + 1)) $((cluster_port + 2)); do
         start_redis "$port" --cluster-enabled yes --cluster-config-file "$dir/nodes-$port.conf"
-        redis_ports+=("$port")
         seeds+=("127.0.0.1:$port")
     done
     redis-cli --cluster create "${seeds[@]}" --cluster-yes >/dev/null
-    until redis-cli -p 17000 cluster info | grep -q cluster_state:ok; do sleep 0.1; done
+    until redis-cli -p "$cluster_port" cluster info | grep -q cluster_state:ok; do sleep 0.1; done
     urls=$(printf 'redis://%s,' "${seeds[@]}")
     serve_flags+=(--redis-url "${urls%,}")
     ;;
@@ -52,23 +94,96 @@ redis-cluster)
     ;;
 esac
 
-RUST_LOG=warn "$bin" serve --rules benches/rules "${serve_flags[@]}" \
-    --grpc-addr 127.0.0.1:18081 --http-addr 127.0.0.1:18080 >/dev/null &
+server_env=(RUST_LOG=warn)
+if [ -n "${SERVER_THREADS:-}" ]; then
+    server_env+=("TOKIO_WORKER_THREADS=$SERVER_THREADS")
+fi
+"${pin_server[@]}" env "${server_env[@]}" "$bin" serve --rules benches/rules "${serve_flags[@]}" \
+    --grpc-addr "127.0.0.1:$grpc_port" --http-addr "127.0.0.1:$http_port" >/dev/null &
 server=$!
 pids+=("$server")
-until curl -sf http://127.0.0.1:18080/readyz >/dev/null 2>&1; do sleep 0.05; done
+until curl -sf "http://127.0.0.1:$http_port/readyz" >/dev/null 2>&1; do sleep 0.05; done
 
-for port in "${redis_ports[@]}"; do
-    redis-cli -p "$port" config resetstat >/dev/null
-done
-"$bin" bench --addr http://127.0.0.1:18081 --connections 4 --concurrency 64 --keys 10000 \
-    --duration 10 --warmup 2 --server-pid "$server" "${redis_pids[@]}" "$@" |
-    tee /tmp/floodgate-bench.txt
-if [ ${#redis_ports[@]} -gt 0 ]; then
-    # Every command Redis ran, warm-up included, next to the requests the load generator
-    # counted after it: the ratio is the commands per request.
-    for port in "${redis_ports[@]}"; do
-        redis-cli -p "$port" info commandstats | tr -d '\r' |
-            sed -n 's/^cmdstat_\([a-z|]*\):calls=\([0-9]*\),.*/\1 \2/p'
-    done | awk '{calls[$1] += $2} END {printf "redis commands (warm-up included):"; for (c in calls) printf " %s %d", c, calls[c]; print ""}'
+# One run against the server; the flags given, then the script's extra flags.
+bench() {
+    "${pin_loadgen[@]}" "$bin" bench --addr "http://127.0.0.1:$grpc_port" --keys 10000 \
+        --duration "$duration" --warmup "$warmup" --server-pid "$server" "${redis_flags[@]}" \
+        "$@" "${extra[@]}"
+}
+
+if [ -z "$curve" ]; then
+    bench --connections 4 --concurrency 64 | tee /tmp/floodgate-bench.txt
+    exit 0
 fi
+
+# One point of the curve: a run with the given flags, its TSV row kept (and shown as it
+# comes, on stderr).
+header=
+rows=()
+point() {
+    local out
+    out=$(bench --format tsv "$@")
+    header=$(head -n 1 <<<"$out")
+    rows+=("$(tail -n 1 <<<"$out")")
+    echo "${rows[-1]}" >&2
+}
+
+# The value of `column` in the last row collected.
+last() {
+    printf '%s\n%s\n' "$header" "${rows[-1]}" |
+        awk -F'\t' -v name="$1" 'NR == 1 { for (i = 1; i <= NF; i++) if ($i == name) c = i; next } { print $c }'
+}
+
+# Closed-loop connections for a concurrency: a quarter of it, rounded up, 1 to 16.
+connections_for() {
+    local connections=$((($1 + 3) / 4))
+    echo $((connections > 16 ? 16 : connections))
+}
+
+case "$curve" in
+concurrency)
+    for concurrency in ${CONCURRENCIES:-16 64 256 1024}; do
+        point --concurrency "$concurrency" --connections "$(connections_for "$concurrency")"
+    done
+    ;;
+rate)
+    point --concurrency 256 --connections 16
+    peak=$(last decided_per_s)
+    rates=${RATES:-}
+    if [ -z "$rates" ]; then
+        if ! awk -v peak="$peak" 'BEGIN { exit !(peak > 0) }'; then
+            echo "the closed-loop run decided nothing (decided_per_s $peak): no peak to scale" >&2
+            exit 1
+        fi
+        rates=$(awk -v peak="$peak" 'BEGIN {
+            n = split("0.25 0.5 0.75 1 1.25 1.5 2 4", factors, " ")
+            for (i = 1; i <= n; i++) printf "%.0f ", peak * factors[i]
+        }')
+    fi
+    for rate in $rates; do
+        point --rate "$rate" --connections 16
+    done
+    ;;
+esac
+
+table=/tmp/floodgate-curve-$backend.tsv
+{
+    echo "$header"
+    printf '%s\n' "${rows[@]}"
+} >"$table"
+echo "CURVE=$curve, BACKEND=$backend (also in $table; - is a value not measured):"
+# Aligned columns, an empty field shown as '-' (`column -t` would drop it).
+awk -F'\t' '{
+    for (i = 1; i <= NF; i++) {
+        cell[NR, i] = ($i == "" ? "-" : $i)
+        if (length(cell[NR, i]) > width[i]) width[i] = length(cell[NR, i])
+    }
+    if (NF > fields) fields = NF
+}
+END {
+    for (r = 1; r <= NR; r++) {
+        line = ""
+        for (i = 1; i < fields; i++) line = line sprintf("%-" width[i] + 2 "s", cell[r, i])
+        print line cell[r, fields]
+    }
+}' "$table"
