@@ -33,6 +33,14 @@ pub struct RunningServer {
 /// How often the backend's health is looked at (and an open circuit probed).
 const HEALTH_INTERVAL: Duration = Duration::from_millis(100);
 
+/// The gRPC connection's receive window: 16 MiB of request bodies a connection may hold
+/// unread before h2 calls it abusive (at ~450 bytes a request, some 37,000).
+const OVERLOAD_CONNECTION_WINDOW: u32 = 16 << 20;
+
+/// Client-cancelled streams a connection may have pending before h2 calls it abusive (the
+/// rapid-reset guard; hyper's default is 20).
+const OVERLOAD_PENDING_RESETS: usize = 1024;
+
 /// Binds `grpc_addr` and `http_addr` (port 0 picks a free port) and starts serving.
 pub async fn start(
     limiter: Arc<RateLimiter>,
@@ -61,6 +69,12 @@ pub async fn start(
     let ready = Arc::new(AtomicBool::new(true));
     let watcher = tokio::spawn(watch_backend(limiter.clone(), health.clone()));
     let grpc = tonic::transport::Server::builder()
+        // Under overload, answers fall behind and clients cancel the requests they stopped
+        // waiting for; h2 answers 20 such resets, or a connection window's worth of unread
+        // request bodies (1 MiB: some 2,300 small requests), with GOAWAY, which fails every
+        // request on the connection, Envoy's included. Allow a load's worth of both.
+        .initial_connection_window_size(Some(OVERLOAD_CONNECTION_WINDOW))
+        .http2_max_pending_accept_reset_streams(Some(OVERLOAD_PENDING_RESETS))
         .add_service(health_service)
         .add_service(reflection)
         .add_service(RateLimitServiceServer::new(GrpcService(limiter.clone())))
