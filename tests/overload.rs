@@ -2,7 +2,8 @@
 //! client keeps busy with long Lua scripts (it answers between them, late), while both send
 //! it far more work than it can take: every request still gets a decision, the excess is shed
 //! at once to its rule's policy, the circuit breaker never opens, and the shared count stays
-//! exact.
+//! exact. A Redis cut off by a partition, which answers nothing at all, still fails fast,
+//! opens the breaker, and is used again once the partition heals.
 
 mod harness;
 mod redis_harness;
@@ -11,8 +12,10 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
+use floodgate::proto::envoy::service::ratelimit::v3::RateLimitResponse;
 use harness::{Floodgate, OK, OVER_LIMIT, descriptor, request};
 use redis_harness::RedisServer;
+use redis_harness::partition::Partition;
 
 /// One shared counter of 150 a minute, and per-user counters that never run out; a hit that
 /// Redis cannot decide in time is rejected (fail_closed), so only Redis admits.
@@ -139,4 +142,76 @@ async fn a_redis_busy_beyond_its_capacity_sheds_the_excess_and_never_opens_the_b
             "the breaker refused calls: {page}"
         );
     }
+}
+
+/// A floodgate whose Redis is behind `partition`, with a short timeout and breaker window.
+fn behind(partition: &Partition) -> Floodgate {
+    Floodgate::start_with_env(
+        &[("rules.yaml", RULES)],
+        &["--backend", "redis", "--redis-url", &partition.url()],
+        &[
+            ("FLOODGATE_REDIS_COMMAND_TIMEOUT_MS", "50"),
+            ("FLOODGATE_REDIS_BREAKER_WINDOW_MS", "300"),
+            ("FLOODGATE_REDIS_BREAKER_COOLDOWN_MS", "200"),
+        ],
+    )
+}
+
+#[tokio::test]
+async fn a_partitioned_redis_fails_fast_opens_the_breaker_and_recovers_after_healing() {
+    let redis = RedisServer::start();
+    let partition = Partition::relay_to(redis.port()).await;
+    let server = behind(&partition);
+    let ask = || request("busy", vec![descriptor(&[("user", "partitioned")])]);
+    let remaining = |response: &RateLimitResponse| response.statuses[0].limit_remaining;
+    let first = server.ask(ask()).await;
+    assert_eq!(first.overall_code, OK);
+    let counted = remaining(&first);
+
+    partition.cut();
+    // Nothing answers: each request waits at most the timeout and gets fail_closed, and once
+    // a whole window went by without an answer the breaker opens and answers at once.
+    let cut_at = Instant::now();
+    loop {
+        let started = Instant::now();
+        let response = server.ask(ask()).await;
+        assert_eq!(response.overall_code, OVER_LIMIT, "fail_closed");
+        assert!(started.elapsed() < Duration::from_secs(1), "a request hung");
+        if server.http("GET", "/readyz", "").0 == 503 {
+            break;
+        }
+        assert!(
+            cut_at.elapsed() < Duration::from_secs(10),
+            "the breaker did not open"
+        );
+    }
+    let started = Instant::now();
+    assert_eq!(server.ask(ask()).await.overall_code, OVER_LIMIT);
+    assert!(
+        started.elapsed() < Duration::from_millis(50),
+        "an open circuit waited {:?}",
+        started.elapsed()
+    );
+
+    partition.heal();
+    // The connection that lost bytes is given up; a new one gets through, the probe closes
+    // the breaker, and Redis decides again, on the count it kept.
+    let healed_at = Instant::now();
+    let back = loop {
+        let response = server.ask(ask()).await;
+        if response.overall_code == OK {
+            break response;
+        }
+        assert!(
+            healed_at.elapsed() < Duration::from_secs(10),
+            "decisions did not come back"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    assert!(
+        remaining(&back) < counted,
+        "counted in redis again: {} after {counted}",
+        remaining(&back)
+    );
+    assert_eq!(server.http("GET", "/readyz", "").0, 200);
 }

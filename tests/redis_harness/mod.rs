@@ -4,11 +4,13 @@
 //! running, and tests never share one (a test that flushes scripts cannot disturb another).
 //! [`cluster::RedisCluster`] starts six of them as a three-primary, three-replica cluster,
 //! [`sentinel::Sentinels`] a primary, a replica and three sentinels; [`Access`] makes a server
-//! TLS-only ([`tls::Certificates`]) or closed to all but one ACL user.
+//! TLS-only ([`tls::Certificates`]) or closed to all but one ACL user; a
+//! [`partition::Partition`] relays to one and can cut it off like a network partition.
 
 #![allow(dead_code)]
 
 pub mod cluster;
+pub mod partition;
 pub mod sentinel;
 pub mod tls;
 
