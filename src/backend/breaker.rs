@@ -8,9 +8,10 @@
 //!   within the last `window`, and no more answers than failures came in since the oldest of
 //!   them, the breaker opens.
 //! - **Silence over a window.** A call that runs out of time is not a failure: a busy Redis
-//!   answers late, and its replies keep coming. But when calls have been waiting and nothing
-//!   at all has been answered for a whole `window`, the backend is frozen or cut off, and the
-//!   breaker opens.
+//!   answers late, and its replies keep coming. But when calls keep running out of time and
+//!   nothing at all has been answered for a whole `window` since the first of them went out,
+//!   the backend is frozen or cut off, and the breaker opens. A request shed before it called
+//!   (see `capacity.rs`) says nothing either way.
 //!
 //! Open, requests fail at once (each rule's `on_backend_error` decides) instead of waiting out
 //! the command timeout, so a dead Redis costs nothing and nothing piles up. Once `cooldown`
@@ -62,7 +63,7 @@ pub struct Breaker {
     answers: AtomicU64,
     /// The latest `threshold` failures: when each happened, and `answers` at that moment.
     failures: Mutex<VecDeque<(u64, u64)>>,
-    /// When the oldest call still unanswered since the last answer went out; 0 when none.
+    /// When the first call that timed out since the last answer went out; 0 when none.
     silent_since: AtomicU64,
     /// When the open breaker next admits a probe; 0 while closed.
     open_until: AtomicU64,
@@ -91,15 +92,17 @@ impl Breaker {
         }
     }
 
+    /// This breaker's clock: when a call starts, for [`record`](Self::record).
+    pub fn now(&self) -> u64 {
+        self.clock.now_micros()
+    }
+
     /// Whether a call may go out now. A call that goes out must be [`record`](Self::record)ed.
     pub fn admit(&self) -> Admission {
         let now = self.clock.now_micros();
         let open_until = self.open_until.load(Ordering::Acquire);
         if open_until == 0 {
             if self.silent_for(now) < self.window_micros {
-                self.silent_since
-                    .compare_exchange(0, now.max(1), Ordering::AcqRel, Ordering::Acquire)
-                    .ok();
                 return Admission::Call;
             }
             self.open(now, "the backend answered nothing for a whole window");
@@ -117,8 +120,8 @@ impl Breaker {
         }
     }
 
-    /// Records how an admitted call (or probe) ended.
-    pub fn record(&self, admission: Admission, outcome: Outcome) {
+    /// Records how an admitted call (or probe) that started at `started` ended.
+    pub fn record(&self, admission: Admission, outcome: Outcome, started: u64) {
         let now = self.clock.now_micros();
         match outcome {
             Outcome::Answered => {
@@ -140,6 +143,10 @@ impl Breaker {
                 }
             }
             Outcome::TimedOut => {
+                // Silence starts with the first call that got no answer in time.
+                self.silent_since
+                    .compare_exchange(0, started.max(1), Ordering::AcqRel, Ordering::Acquire)
+                    .ok();
                 if self.silent_for(now) >= self.window_micros {
                     self.open(now, "the backend answered nothing for a whole window");
                 }
@@ -216,8 +223,9 @@ mod tests {
     }
 
     fn call(breaker: &Breaker, outcome: Outcome) {
+        let started = breaker.now();
         let admission = breaker.admit();
-        breaker.record(admission, outcome);
+        breaker.record(admission, outcome, started);
     }
 
     fn calls(breaker: &Breaker, outcome: Outcome, times: usize) {
@@ -261,11 +269,12 @@ mod tests {
     fn timeouts_of_a_backend_that_keeps_answering_never_open_it() {
         let (clock, breaker) = breaker();
         for _ in 0..1000 {
+            let started = breaker.now();
             let slow = breaker.admit();
             let fast = breaker.admit();
             clock.advance(WINDOW / 10);
-            breaker.record(fast, Outcome::Answered);
-            breaker.record(slow, Outcome::TimedOut);
+            breaker.record(fast, Outcome::Answered, started);
+            breaker.record(slow, Outcome::TimedOut, started);
         }
         assert_eq!(breaker.state(), BreakerState::Closed);
     }
@@ -274,24 +283,37 @@ mod tests {
     fn a_whole_window_without_an_answer_opens_it() {
         let (clock, breaker) = breaker();
         call(&breaker, Outcome::Answered);
+        let started = breaker.now();
         let first = breaker.admit();
         clock.advance(WINDOW / 2);
-        breaker.record(first, Outcome::TimedOut);
+        breaker.record(first, Outcome::TimedOut, started);
         assert_eq!(breaker.state(), BreakerState::Closed);
+        let started = breaker.now();
         let second = breaker.admit();
         clock.advance(WINDOW / 2);
-        breaker.record(second, Outcome::TimedOut);
+        breaker.record(second, Outcome::TimedOut, started);
         assert_eq!(breaker.state(), BreakerState::Open);
     }
 
     #[test]
     fn silence_is_noticed_when_the_next_call_asks_to_go_out() {
         let (clock, breaker) = breaker();
+        let started = breaker.now();
         let waiting = breaker.admit();
-        assert_eq!(waiting, Admission::Call);
+        clock.advance(WINDOW / 10);
+        breaker.record(waiting, Outcome::TimedOut, started);
         clock.advance(WINDOW);
         assert_eq!(breaker.admit(), Admission::Reject);
         assert_eq!(breaker.state(), BreakerState::Open);
+    }
+
+    #[test]
+    fn calls_that_never_went_out_are_no_silence() {
+        let (clock, breaker) = breaker();
+        // Admitted, then shed before any call: nothing is recorded.
+        assert_eq!(breaker.admit(), Admission::Call);
+        clock.advance(10 * WINDOW);
+        assert_eq!(breaker.admit(), Admission::Call);
     }
 
     #[test]
@@ -317,12 +339,12 @@ mod tests {
         calls(&breaker, Outcome::Failed, 3);
         clock.advance(500_000);
         let probe = breaker.admit();
-        breaker.record(probe, Outcome::TimedOut);
+        breaker.record(probe, Outcome::TimedOut, breaker.now());
         assert_eq!(breaker.admit(), Admission::Reject);
         clock.advance(500_000);
         let probe = breaker.admit();
         assert_eq!(probe, Admission::Probe);
-        breaker.record(probe, Outcome::Answered);
+        breaker.record(probe, Outcome::Answered, breaker.now());
         assert_eq!(breaker.state(), BreakerState::Closed);
         assert_eq!(breaker.admit(), Admission::Call);
     }

@@ -68,18 +68,28 @@ impl Capacity {
     /// Takes room for `hits` hits that must be answered by `deadline`, or refuses them. The
     /// room is given back with [`release`](Self::release).
     pub fn admit(&self, hits: usize, now: Instant, deadline: Instant) -> Result<(), Refusal> {
-        let expected = Duration::from_micros(self.expected_wait_micros.load(Ordering::Relaxed));
-        if deadline.saturating_duration_since(now) < expected {
-            return Err(Refusal::TooLate);
-        }
         let limit = self.limit.load(Ordering::Relaxed);
         let before = self.in_flight.fetch_add(hits, Ordering::AcqRel);
-        // One request is always admitted on an idle connection, whatever its size.
-        if before > 0 && before + hits > limit {
-            self.in_flight.fetch_sub(hits, Ordering::AcqRel);
-            return Err(Refusal::Full);
+        // One request is always admitted on an idle connection, whatever its size and
+        // however long calls waited before: otherwise a lane that shed everything would
+        // never learn that the wait is over.
+        if before == 0 {
+            return Ok(());
         }
-        Ok(())
+        let refusal = if before + hits > limit {
+            Some(Refusal::Full)
+        } else {
+            let expected = self.expected_wait_micros.load(Ordering::Relaxed);
+            (deadline.saturating_duration_since(now) < Duration::from_micros(expected))
+                .then_some(Refusal::TooLate)
+        };
+        match refusal {
+            Some(refusal) => {
+                self.in_flight.fetch_sub(hits, Ordering::AcqRel);
+                Err(refusal)
+            }
+            None => Ok(()),
+        }
     }
 
     /// Gives back the room of `hits` hits: answered, failed or abandoned.
@@ -189,7 +199,18 @@ mod tests {
         for _ in 0..64 {
             capacity.answered(1, Duration::from_millis(4), now);
         }
+        capacity.admit(1, now, later(now, 10)).expect("room");
         assert_eq!(capacity.admit(1, now, later(now, 2)), Err(Refusal::TooLate));
         assert_eq!(capacity.admit(1, now, later(now, 10)), Ok(()));
+    }
+
+    #[test]
+    fn an_idle_connection_admits_whatever_the_waits_before() {
+        let capacity = Capacity::new(TARGET);
+        let now = Instant::now();
+        for _ in 0..64 {
+            capacity.answered(1, Duration::from_millis(40), now);
+        }
+        assert_eq!(capacity.admit(1, now, later(now, 2)), Ok(()));
     }
 }

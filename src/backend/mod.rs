@@ -300,17 +300,18 @@ impl Backend {
             return vec![Err(open); hits.len()];
         }
         let started = Instant::now();
+        let since = breaker.now();
         let results = self.store.hit_all(hits, on_reject, deadline).await;
         match outcome(&results) {
             Some(outcome) => {
                 self.stats.record_call(started.elapsed(), &results);
-                breaker.record(admission, outcome);
+                breaker.record(admission, outcome, since);
             }
             None => {
                 // Shed: nothing was sent, so nothing is learnt about the backend.
                 self.stats.record_shed();
                 if admission == Admission::Probe {
-                    breaker.record(admission, Outcome::TimedOut);
+                    breaker.record(admission, Outcome::TimedOut, since);
                 }
             }
         }
@@ -351,12 +352,13 @@ impl Backend {
         }
         let admission = breaker.admit();
         if admission == Admission::Probe {
+            let since = breaker.now();
             let outcome = match self.store.probe().await {
                 Ok(()) => Outcome::Answered,
                 Err(BackendError::Timeout(_)) => Outcome::TimedOut,
                 Err(_) => Outcome::Failed,
             };
-            breaker.record(admission, outcome);
+            breaker.record(admission, outcome, since);
         }
     }
 }
