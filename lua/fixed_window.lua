@@ -41,8 +41,36 @@ local function window_key(key, limit, ends)
   return key .. limit.suffix
 end
 
--- Allowed iff count + cost <= limit; a give-back lowers the count, never below zero. A hit
--- that changes nothing writes nothing.
+-- A hit that takes quota from a count not read yet in this call: INCRBY first, which
+-- creates a window's key with its first hit, and then its expiry; over the limit, the count
+-- is put back as it was (a key the hit created is deleted). One command for most hits, where
+-- reading first costs two; a rejection writes and undoes, and leaves the key as it found it.
+local function take(call, counter, limit, ends, amount)
+  local quota = limit.quota
+  local after = call('INCRBY', counter, amount)
+  local before = after - amount
+  local reset = math.max(0, ends - now)
+  if after <= quota then
+    -- A count of 0 is never kept (a give-back to 0 deletes the key), so `before == 0` means
+    -- the hit created the key.
+    if before == 0 then
+      call('PEXPIRE', counter, ttl_millis(ends))
+    end
+    known[counter] = after
+    return true, quota - after, reset
+  end
+  if before == 0 then
+    call('DEL', counter)
+    known[counter] = false
+  else
+    call('DECRBY', counter, amount)
+    known[counter] = before
+  end
+  return false, math.max(0, quota - before), reset
+end
+
+-- Allowed iff count + cost <= limit; a give-back lowers the count, never below zero. A check
+-- or a give-back that changes nothing writes nothing.
 algorithms.fixed_window = function(call, key, limit, amount, negative)
   local quota = limit.quota
   if quota == 0 then
@@ -50,6 +78,9 @@ algorithms.fixed_window = function(call, key, limit, amount, negative)
   end
   local ends = window_end(limit)
   local counter = window_key(key, limit, ends)
+  if not negative and amount > 0 and known[counter] == nil then
+    return take(call, counter, limit, ends, amount)
+  end
   local count = tonumber(read(call, counter)) or 0
   local allowed, next
   if negative then

@@ -1,5 +1,6 @@
 //! What `lua/README.md` promises beyond the decisions, checked on a real `redis-server`: every
-//! key dies just after its state's useful life, hits that change nothing write nothing, the
+//! key dies just after its state's useful life, hits that change nothing leave every key as
+//! it was (and write nothing, but for a fixed window's rejection, which takes and gives back), the
 //! scripts read Redis' clock and pick the calendar window of Redis' now, a flushed script
 //! cache answers NOSCRIPT, an all-or-nothing call that is rejected leaves every key as it
 //! was, byte for byte and with its expiry, and a batch of many requests' hits decides each
@@ -165,7 +166,10 @@ async fn a_hit_that_changes_nothing_writes_nothing() {
             "{}: a counted hit writes",
             algorithm.name()
         );
+        let keys = state_keys(key.as_str(), &limit, now + 1);
+        let state = snapshot(&mut connection, &keys).await;
         for hits in [Hits::take(0), Hits::take(1_000), Hits::give_back(0)] {
+            let writes_before = writes(&mut connection).await;
             lua_support::hit(
                 &mut connection,
                 &scripts,
@@ -176,14 +180,26 @@ async fn a_hit_that_changes_nothing_writes_nothing() {
             )
             .await
             .expect("a decision");
+            let wrote = writes(&mut connection).await - writes_before;
+            if takes_first(algorithm, hits) {
+                assert_eq!(
+                    wrote,
+                    2,
+                    "{}: {hits:?} takes and gives back",
+                    algorithm.name()
+                );
+            } else {
+                assert_eq!(wrote, 0, "{}: {hits:?} wrote", algorithm.name());
+            }
             assert_eq!(
-                writes(&mut connection).await,
-                counted,
-                "{}: {hits:?} wrote",
+                snapshot(&mut connection, &keys).await,
+                state,
+                "{}: {hits:?} changed the state",
                 algorithm.name()
             );
         }
         let fresh = counter_key("unchanged-new", &limit);
+        let writes_before = writes(&mut connection).await;
         lua_support::hit(
             &mut connection,
             &scripts,
@@ -194,13 +210,29 @@ async fn a_hit_that_changes_nothing_writes_nothing() {
         )
         .await
         .expect("a decision");
+        let wrote = writes(&mut connection).await - writes_before;
+        let expected = if takes_first(algorithm, Hits::take(1_000)) {
+            2
+        } else {
+            0
+        };
         assert_eq!(
-            writes(&mut connection).await,
-            counted,
-            "{}: a rejection on a new counter wrote",
+            wrote,
+            expected,
+            "{}: a rejection on a new counter",
             algorithm.name()
         );
+        for name in state_keys(fresh.as_str(), &limit, now) {
+            assert_eq!(pttl(&mut connection, &name).await, -2, "{name} exists");
+        }
     }
+}
+
+/// Whether `hits` on a counter of `algorithm` is decided by taking first (fixed_window's
+/// INCRBY, lua/fixed_window.lua), so that a rejection writes and undoes instead of writing
+/// nothing.
+fn takes_first(algorithm: Algorithm, hits: Hits) -> bool {
+    algorithm == Algorithm::FixedWindow && !hits.negative && hits.amount > 0
 }
 
 #[tokio::test]
