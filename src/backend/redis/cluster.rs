@@ -1,24 +1,18 @@
-//! Counters in a Redis Cluster: the same keys, scripts and replies as the standalone backend,
-//! each script call routed by its key's hash tag to the primary that owns the key's slot.
+//! Counters in a Redis Cluster: the same keys, script and replies as the standalone backend,
+//! the hits grouped by the primary that serves their slot.
 //!
-//! **One call per pipeline, all calls at once.** The calls of a request go out together on
-//! the multiplexed cluster connection, each node's calls on that node's socket, so a request
-//! costs one round trip of wall time. Each call is its own pipeline because a redirect
-//! (MOVED, ASK, TRYAGAIN) answers per command: in a pipeline of several counters in a slot
-//! being migrated, one script could run on the source while another is redirected, and
-//! resending the pipeline would count the first twice.
+//! **One call per primary.** The slot map (`CLUSTER SLOTS`, `slots.rs`) names each hit's
+//! primary; each primary has a lane (`batcher.rs`) that sends the hits of every request
+//! waiting for it as one script call, keys of many slots together (the script's cross-slot
+//! flag), the primaries in parallel, so a request costs one round trip of wall time.
 //!
-//! **Redirects are followed here, exactly once per call.** A redirect means the call did not
-//! run, so the call alone is sent again: to the node an ASK names, preceded by ASKING in the
-//! same pipeline (the redis crate sends ASKING as a request of its own on the node's shared
-//! connection, where another request's command can use it up first, and the call then
-//! bounces between the two nodes); to the node a MOVED names; after a short pause for
-//! TRYAGAIN, CLUSTERDOWN and the like. A connection error is not resent: the call may have
-//! run. The crate's own retries are therefore off; it still refreshes its slot map and
-//! reconnects by itself.
+//! **A stale map costs a resend, never a double count.** A hit whose key the primary no
+//! longer serves fails on its first read, before it wrote anything; it is sent again alone,
+//! by its slot, following redirects (`redirect.rs`), and the map is read again in the
+//! background.
 //!
-//! **Bounded.** One deadline, `command_timeout` from the start of the request, bounds every
-//! wait: the connection, each call and its redirects. A call that misses it fails alone, so
+//! **Bounded.** One deadline, `command_timeout` from the start of the request (or the
+//! caller's sooner one), bounds every wait: the connection, each call and its redirects. A call that misses it fails alone, so
 //! counters on healthy primaries still answer while one primary fails over.
 //!
 //! **One connection.** A cluster connection multiplexes every request over one connection per
@@ -28,18 +22,16 @@
 //! circuit breaker's probe, which runs only while requests keep failing, drops it and the
 //! next caller opens a new one.
 
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex, PoisonError};
-use std::time::Duration;
-
 use arc_swap::ArcSwapOption;
 use deadpool_redis::redis;
 use futures_util::future::BoxFuture;
+use redis::Value;
 use redis::cluster::{ClusterClient, ClusterClientBuilder};
 use redis::cluster_async::ClusterConnection;
 use redis::cluster_routing::{RoutingInfo, SingleNodeRoutingInfo};
 use redis::io::tcp::TcpSettings;
-use redis::{ErrorKind, RedisError, RedisResult, ServerErrorKind, Value};
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, PoisonError};
 use tokio::time::{Instant, timeout_at};
 
 use crate::backend::{BackendError, CounterHit, rejects};
@@ -47,16 +39,10 @@ use crate::clock::Clock;
 use crate::limiter::{Decision, Hits};
 
 use super::batcher::{Lane, Link, QueuedHit, Shared};
-use super::script::{self, Mode, ScriptClock, Target};
+use super::redirect::{LONGEST_PAUSE, not_served_here, run_call};
+use super::script::{Mode, Target};
 use super::slots::{Node, SlotMap};
-use super::{
-    Call, RedisOptions, Scripts, is_noscript, load_scripts, redact, reply_to_result, unavailable,
-};
-
-/// The first pause before resending a call the cluster could not take yet (TRYAGAIN,
-/// CLUSTERDOWN, a node being reconnected); it doubles up to [`LONGEST_PAUSE`].
-const FIRST_PAUSE: Duration = Duration::from_millis(5);
-const LONGEST_PAUSE: Duration = Duration::from_millis(100);
+use super::{Call, RedisOptions, Scripts, load_scripts, redact, unavailable};
 
 /// A Redis Cluster reached through a list of seed nodes.
 pub struct RedisClusterBackend {
@@ -310,7 +296,8 @@ impl RedisClusterBackend {
         futures_util::future::join_all(calls.iter().map(|call| {
             let connection = connection.clone();
             async move {
-                match timeout_at(deadline, self.run_call(connection, call, local_now)).await {
+                let run = run_call(connection, &self.shared.scripts, call, local_now);
+                match timeout_at(deadline, run).await {
                     Ok(result) => result,
                     Err(_) => Err(BackendError::Timeout(timeout)),
                 }
@@ -377,90 +364,6 @@ impl RedisClusterBackend {
         }
     }
 
-    /// One call, sent again after each redirect until it runs (a redirect means it did not)
-    /// and again once after a NOSCRIPT, with the scripts loaded. The caller's deadline ends
-    /// the loop.
-    async fn run_call(
-        &self,
-        mut connection: ClusterConnection,
-        call: &Call<'_>,
-        local_now: u64,
-    ) -> Result<Decision, BackendError> {
-        let mut target = None;
-        let mut pause = FIRST_PAUSE;
-        let mut reloaded = false;
-        loop {
-            match self
-                .send(&mut connection, call, local_now, target.as_ref())
-                .await
-            {
-                Ok(reply) if is_noscript(&reply) && !reloaded => {
-                    tracing::info!("a redis cluster node lost its scripts; loading them again");
-                    load_scripts(&mut connection, &self.shared.scripts).await?;
-                    reloaded = true;
-                }
-                Ok(reply) => match reply_to_result(&reply) {
-                    // The key the script read first is not served here (its slot is moving
-                    // and the key moved, or the cluster is failing over): nothing ran.
-                    Err(BackendError::Unavailable(message)) if not_served_here(&message) => {
-                        tokio::time::sleep(pause).await;
-                        pause = (pause * 2).min(LONGEST_PAUSE);
-                        target = None;
-                    }
-                    result => return result,
-                },
-                Err(error) => match Resend::after(&error) {
-                    Some(Resend::Later) => {
-                        tokio::time::sleep(pause).await;
-                        pause = (pause * 2).min(LONGEST_PAUSE);
-                        target = None;
-                    }
-                    Some(resend) => target = Some(resend),
-                    None => return Err(unavailable(error)),
-                },
-            }
-        }
-    }
-
-    /// Sends one call: routed by its key, or to the node a redirect named.
-    async fn send(
-        &self,
-        connection: &mut ClusterConnection,
-        call: &Call<'_>,
-        local_now: u64,
-        target: Option<&Resend>,
-    ) -> RedisResult<Value> {
-        let mut pipe = redis::pipe();
-        pipe.ignore_errors();
-        if let Some(Resend::Asking(_)) = target {
-            pipe.cmd("ASKING");
-        }
-        let hit = call.hit;
-        script::add_call(
-            &mut pipe,
-            &self.shared.scripts,
-            &call.key,
-            &hit.limit,
-            hit.hits,
-            ScriptClock::Redis,
-            local_now,
-        );
-        let replies: Vec<Value> = match target {
-            Some(Resend::Asking(node) | Resend::To(node)) => {
-                let count = pipe.len();
-                connection
-                    .route_pipeline(pipe, 0, count, node.clone())
-                    .await?
-            }
-            Some(Resend::Later) | None => pipe.query_async(connection).await?,
-        };
-        // The script's reply is the last one (after ASKING's OK).
-        replies
-            .into_iter()
-            .next_back()
-            .ok_or_else(|| RedisError::from((ErrorKind::Client, "no reply to a script call")))
-    }
-
     /// Loads every script on every node the cluster lists, replicas included: SCRIPT LOAD is
     /// not replicated, and a replica promoted by a failover needs them (one the cluster did
     /// not list yet gets them on its first NOSCRIPT). At start-up, and as the circuit
@@ -525,59 +428,10 @@ async fn read_slot_map(connector: &Connector) -> Option<SlotMap> {
     }
 }
 
-/// Whether a hit's error says the node does not serve its key now: a script that touches a
-/// key the cluster has moved away (or cannot serve while it is down) fails on that key's
-/// first read, before it wrote anything, so the hit can be sent again.
-fn not_served_here(message: &str) -> bool {
-    message.contains("non local key") || message.contains("cluster is down")
-}
-
 /// Whether `hit` took quota that a rejected request must give back: an allowed hit that
 /// costs something (a give-back of the request is not taken again).
 fn took_quota(hit: &CounterHit<'_>, result: &Result<Decision, BackendError>) -> bool {
     !hit.hits.negative && hit.hits.amount > 0 && matches!(result, Ok(decision) if decision.allowed)
-}
-
-/// Where to send a call again.
-#[derive(Debug, Clone, PartialEq)]
-enum Resend {
-    /// To this node, preceded by ASKING: the slot is moving there and the key has moved.
-    Asking(SingleNodeRoutingInfo),
-    /// To this node, which owns the slot now.
-    To(SingleNodeRoutingInfo),
-    /// Wherever the slot map says, after a pause: the cluster cannot take it yet.
-    Later,
-}
-
-impl Resend {
-    /// How to resend after `error`; `None` when the call may have run (a connection error)
-    /// or will never run (any other error).
-    fn after(error: &RedisError) -> Option<Resend> {
-        let node = || {
-            let (address, _slot) = error.redirect_node()?;
-            let (host, port) = address.rsplit_once(':')?;
-            let port = port.parse().ok()?;
-            Some(SingleNodeRoutingInfo::ByAddress {
-                host: host.to_owned(),
-                port,
-            })
-        };
-        match error.kind() {
-            ErrorKind::Server(ServerErrorKind::Ask) => node().map(Resend::Asking),
-            ErrorKind::Server(ServerErrorKind::Moved) => {
-                Some(node().map_or(Resend::Later, Resend::To))
-            }
-            ErrorKind::Server(
-                ServerErrorKind::TryAgain
-                | ServerErrorKind::ClusterDown
-                | ServerErrorKind::MasterDown
-                | ServerErrorKind::BusyLoading
-                | ServerErrorKind::ReadOnly,
-            )
-            | ErrorKind::ClusterConnectionNotFound => Some(Resend::Later),
-            _ => None,
-        }
-    }
 }
 
 /// The URLs of a comma-separated list (cluster seeds, sentinels), blanks around them ignored.
@@ -595,6 +449,8 @@ pub(super) fn seeds(urls: &str) -> Result<Vec<&str>, BackendError> {
 
 #[cfg(test)]
 mod tests {
+    use std::time::Duration;
+
     use super::*;
     use crate::clock::SystemClock;
 
@@ -633,60 +489,6 @@ mod tests {
     fn a_prefix_with_a_brace_is_refused_so_the_hash_tag_stays_the_counters() {
         let error = backend("redis://127.0.0.1:7000/", "app{1}:").err();
         assert!(matches!(error, Some(BackendError::Config(message)) if message.contains("prefix")));
-    }
-
-    /// The error the cluster connection reports for a server's error reply `reply`.
-    fn server_error(reply: &str) -> RedisError {
-        redis::parse_redis_value(format!("-{reply}\r\n").as_bytes())
-            .and_then(Value::extract_error)
-            .expect_err("an error reply")
-    }
-
-    fn node(host: &str, port: u16) -> SingleNodeRoutingInfo {
-        SingleNodeRoutingInfo::ByAddress {
-            host: host.into(),
-            port,
-        }
-    }
-
-    #[test]
-    fn a_call_is_resent_after_a_redirect_to_the_node_it_names() {
-        assert_eq!(
-            Resend::after(&server_error("ASK 3137 127.0.0.1:7002")),
-            Some(Resend::Asking(node("127.0.0.1", 7002)))
-        );
-        assert_eq!(
-            Resend::after(&server_error("MOVED 3137 10.0.0.5:7001")),
-            Some(Resend::To(node("10.0.0.5", 7001)))
-        );
-    }
-
-    #[test]
-    fn a_call_the_cluster_could_not_take_yet_is_resent_later() {
-        for reply in [
-            "TRYAGAIN Multiple keys request during rehashing of slot",
-            "CLUSTERDOWN The cluster is down",
-            "MASTERDOWN Link with MASTER is down",
-            "LOADING Redis is loading the dataset in memory",
-            "READONLY You can't write against a read only replica.",
-        ] {
-            assert_eq!(
-                Resend::after(&server_error(reply)),
-                Some(Resend::Later),
-                "{reply}"
-            );
-        }
-    }
-
-    #[test]
-    fn a_call_that_may_have_run_or_never_will_is_not_resent() {
-        let dropped = RedisError::from(std::io::Error::from(std::io::ErrorKind::BrokenPipe));
-        assert_eq!(Resend::after(&dropped), None);
-        assert_eq!(Resend::after(&server_error("ERR unknown command")), None);
-        assert_eq!(
-            Resend::after(&server_error("NOSCRIPT No matching script")),
-            None
-        );
     }
 
     #[tokio::test]

@@ -20,6 +20,7 @@
 mod batcher;
 mod cluster;
 mod connect;
+mod redirect;
 pub mod script;
 pub mod slots;
 
@@ -272,21 +273,70 @@ fn is_noscript(reply: &redis::Value) -> bool {
         if error.kind() == Some(redis::ServerErrorKind::NoScript))
 }
 
-/// The result of a call of one hit ([`script::add_call`]).
-fn reply_to_result(reply: &redis::Value) -> Result<Decision, BackendError> {
-    match reply {
-        redis::Value::ServerError(error) => {
-            Err(BackendError::Unavailable(format!("redis: {error}")))
-        }
-        redis::Value::Array(items) if items.len() > 3 => {
-            // An error of the hit itself: its message follows the three numbers.
-            let message = script::decision(reply).err().unwrap_or_default();
-            Err(BackendError::Unavailable(format!("redis: {message}")))
-        }
-        reply => script::decision(reply).map_err(BackendError::Protocol),
-    }
+/// The result of a call of one hit, `call` ([`script::add_call`]): its decision; the hit's own
+/// error (its message names it, a key this node does not serve included) or the call's
+/// error reply as unavailable; anything else as a protocol error.
+fn reply_to_result(reply: &redis::Value, call: &Call<'_>) -> Result<Decision, BackendError> {
+    let hit = [script::PlannedHit {
+        key: &call.key,
+        limit: &call.hit.limit,
+        hits: call.hit.hits,
+        binding: call.hit.binding,
+    }];
+    let group = [script::Group {
+        mode: Mode::Each,
+        hits: &hit,
+    }];
+    batch_results(reply, &group)
+        .pop()
+        .unwrap_or_else(|| Err(BackendError::Protocol("no reply to the script call".into())))
 }
 
 fn unavailable(error: redis::RedisError) -> BackendError {
     BackendError::Unavailable(format!("redis: {error}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use std::borrow::Cow;
+
+    use super::*;
+    use crate::limiter::{CounterKey, Hits, Limit, Unit};
+
+    #[test]
+    fn a_hit_that_failed_is_unavailable_with_its_message_and_a_bad_reply_a_protocol_error() {
+        let limit = Limit::per(5, Unit::Second);
+        let hit = CounterHit {
+            key: CounterKey::new("d", "r", 0, &limit, []),
+            limit: Cow::Borrowed(&limit),
+            hits: Hits::take(1),
+            binding: true,
+        };
+        let call = Call {
+            key: hit.key.to_string(),
+            hit: &hit,
+        };
+        let failed = redis::Value::Array(vec![
+            redis::Value::Int(0),
+            redis::Value::Int(0),
+            redis::Value::BulkString(b"Script attempted to access a non local key".to_vec()),
+        ]);
+        assert!(matches!(
+            reply_to_result(&failed, &call),
+            Err(BackendError::Unavailable(message)) if message.contains("non local key")
+        ));
+        let decided = redis::Value::Array(vec![redis::Value::Int(5), redis::Value::Int(10)]);
+        assert_eq!(
+            reply_to_result(&decided, &call),
+            Ok(Decision {
+                allowed: true,
+                remaining: 4,
+                reset_micros: 10
+            })
+        );
+        assert!(matches!(
+            reply_to_result(&redis::Value::Nil, &call),
+            Err(BackendError::Protocol(_))
+        ));
+    }
 }
