@@ -744,6 +744,30 @@ async fn override_with_unit_unknown_is_invalid_argument() {
 }
 
 #[tokio::test]
+async fn an_override_window_beyond_a_hundred_years_is_invalid_argument_as_in_rule_files() {
+    let server = Floodgate::start(&[("c.yaml", COUNTING)], &[]);
+    let with_years = |years: u32| {
+        let mut req = single("counting", &[("user", "a")]);
+        req.descriptors[0].limit = Some(RateLimitOverride {
+            requests_per_unit: 5,
+            unit: RateLimitUnit::Year as i32,
+            unit_multiplier: Some(pbjson_types::UInt32Value { value: years }),
+        });
+        req
+    };
+    assert_eq!(server.ask(with_years(100)).await.overall_code, OK);
+    for years in [101, 10_000_000] {
+        let status = server.ask_err(with_years(years)).await;
+        assert_eq!(status.code(), tonic::Code::InvalidArgument, "{years}");
+        assert!(
+            status.message().contains("longer than 100 years"),
+            "{}",
+            status.message()
+        );
+    }
+}
+
+#[tokio::test]
 async fn statuses_have_the_request_order_and_length() {
     let server = Floodgate::start(&[("c.yaml", COUNTING)], &[]);
     let response = server

@@ -378,3 +378,21 @@ async fn an_exhausted_counter_is_answered_without_redis_until_its_reset() {
             .contains("cmdstat_evalsha:calls=1,")
     );
 }
+
+#[tokio::test]
+async fn an_override_window_beyond_a_hundred_years_is_refused_before_redis_sees_it() {
+    use floodgate::proto::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::RateLimitOverride;
+    use floodgate::proto::envoy::r#type::v3::RateLimitUnit;
+
+    let redis = RedisServer::start();
+    let server = start(POLICIES, &redis);
+    let mut req = request("policy", vec![descriptor(&[("open_rule", "override")])]);
+    req.descriptors[0].limit = Some(RateLimitOverride {
+        requests_per_unit: 5,
+        unit: RateLimitUnit::Year as i32,
+        unit_multiplier: Some(pbjson_types::UInt32Value { value: 10_000_000 }),
+    });
+    let status = server.ask_err(req).await;
+    assert_eq!(status.code(), tonic::Code::InvalidArgument, "{status:?}");
+    assert_eq!(redis.command(&["DBSIZE"]), "0", "a key was written");
+}

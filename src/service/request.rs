@@ -1,7 +1,7 @@
 //! Checks a request before any rule or counter sees it. Every rejection is a gRPC
 //! INVALID_ARGUMENT whose message says what is wrong and where.
 
-use crate::limiter::{Hits, Limit, Unit};
+use crate::limiter::{Hits, Limit, MAX_SPAN_MICROS, Unit};
 use crate::proto::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
 use crate::proto::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::RateLimitOverride;
 use crate::proto::envoy::service::ratelimit::v3::RateLimitRequest;
@@ -98,6 +98,14 @@ pub fn override_limit(limit: &RateLimitOverride) -> Result<Limit, String> {
     }
     let mut resolved = Limit::per(limit.requests_per_unit, unit);
     resolved.unit_multiplier = multiplier;
+    // The bound rule files have: every timestamp of the window stays exact in the Lua
+    // twins' doubles, and no two windows saturate to one counter.
+    if resolved.span_micros() > MAX_SPAN_MICROS {
+        return Err(format!(
+            "limit override window of {multiplier} × {} is longer than 100 years",
+            unit.name()
+        ));
+    }
     Ok(resolved)
 }
 
