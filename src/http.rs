@@ -69,7 +69,8 @@ async fn json(State(state): State<HttpState>, body: Bytes) -> Response {
         Ok(request) => request,
         Err(error) => {
             requests.record(metrics::Code::InvalidArgument, started.elapsed());
-            return error_response(StatusCode::BAD_REQUEST, &format!("invalid JSON: {error}"));
+            let message = explain_bad_number(&body).unwrap_or_else(|| error.to_string());
+            return error_response(StatusCode::BAD_REQUEST, &format!("invalid JSON: {message}"));
         }
     };
     let result = state.limiter.should_rate_limit(&request).await;
@@ -93,6 +94,58 @@ async fn json(State(state): State<HttpState>, body: Bytes) -> Response {
             error_response(StatusCode::SERVICE_UNAVAILABLE, &error.to_string())
         }
     }
+}
+
+/// The unsigned integer fields of a request, where JSON may give a number or its digits as a
+/// string, as paths from the request: `None` stands for every descriptor.
+const UNSIGNED_FIELDS: [(Option<&str>, &[&str]); 4] = [
+    (None, &["hitsAddend"]),
+    (Some("descriptors"), &["hitsAddend"]),
+    (Some("descriptors"), &["limit", "requestsPerUnit"]),
+    (Some("descriptors"), &["limit", "unitMultiplier"]),
+];
+
+/// What is wrong with a request whose JSON parses but does not deserialize, when it is an
+/// unsigned integer field holding something else (a negative number, a fraction, text):
+/// pbjson's own error for those names an internal enum, not the field.
+fn explain_bad_number(body: &[u8]) -> Option<String> {
+    let request: serde_json::Value = serde_json::from_slice(body).ok()?;
+    let unsigned = |value: &serde_json::Value| match value {
+        serde_json::Value::Number(number) => number.is_u64(),
+        serde_json::Value::String(digits) => digits.parse::<u64>().is_ok(),
+        _ => false,
+    };
+    let lookup = |mut value: &serde_json::Value, path: &[&str]| {
+        for name in path {
+            value = value.get(name)?;
+        }
+        Some(value.clone())
+    };
+    for (list, path) in UNSIGNED_FIELDS {
+        let field = path.join(".");
+        match list {
+            None => {
+                if let Some(value) = lookup(&request, path).filter(|v| !v.is_null() && !unsigned(v))
+                {
+                    return Some(format!(
+                        "{field} must be a non-negative integer, got {value}"
+                    ));
+                }
+            }
+            Some(list) => {
+                let items = request.get(list).and_then(serde_json::Value::as_array)?;
+                for (index, item) in items.iter().enumerate() {
+                    if let Some(value) = lookup(item, path).filter(|v| !v.is_null() && !unsigned(v))
+                    {
+                        return Some(format!(
+                            "{list}[{index}].{field} must be a non-negative integer, got {value}"
+                        ));
+                    }
+                }
+            }
+        }
+    }
+    None
 }
 
 fn error_response(status: StatusCode, message: &str) -> Response {

@@ -63,6 +63,35 @@ fn json_endpoint_answers_400_with_the_reason() {
 }
 
 #[test]
+fn json_endpoint_names_an_unsigned_field_that_holds_something_else() {
+    let server = Floodgate::start(&[("r.yaml", RULES)], &[]);
+    let entries = r#""entries":[{"key":"user","value":"a"}]"#;
+    let cases = [
+        (
+            format!(r#"{{"domain":"api","descriptors":[{{{entries}}}],"hitsAddend":-3}}"#),
+            "hitsAddend must be a non-negative integer, got -3",
+        ),
+        (
+            format!(
+                r#"{{"domain":"api","descriptors":[{{{entries}}},{{{entries},"hitsAddend":"x"}}]}}"#
+            ),
+            "descriptors[1].hitsAddend must be a non-negative integer, got",
+        ),
+        (
+            format!(
+                r#"{{"domain":"api","descriptors":[{{{entries},"limit":{{"requestsPerUnit":1.5,"unit":"SECOND"}}}}]}}"#
+            ),
+            "descriptors[0].limit.requestsPerUnit must be a non-negative integer, got 1.5",
+        ),
+    ];
+    for (body, expected) in cases {
+        let (status, answer) = server.http("POST", "/json", &body);
+        assert_eq!(status, 400, "{body}");
+        assert!(answer.contains(expected), "{body}: {answer}");
+    }
+}
+
+#[test]
 fn health_and_readiness_answer_while_serving() {
     let server = Floodgate::start(&[("r.yaml", RULES)], &[]);
     assert_eq!(server.http("GET", "/healthz", "").0, 200);
