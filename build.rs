@@ -22,6 +22,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     tonic_prost_build::configure()
         .build_client(true)
         .build_server(true)
+        // prost's codec, but an undecodable request is INVALID_ARGUMENT, not INTERNAL.
+        .codec_path("crate::service::codec::Codec")
         .compile_with_config(
             prost_config,
             &[PathBuf::from(SERVICE_PROTO)],

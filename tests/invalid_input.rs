@@ -113,3 +113,75 @@ async fn invalid_requests_do_not_disturb_valid_ones() {
         .await;
     assert_eq!(response.statuses[0].limit_remaining, 2);
 }
+
+/// Sends `message` as the body of a `ShouldRateLimit` call, whatever bytes it holds.
+async fn send_raw(server: &Floodgate, message: Vec<u8>) -> tonic::Status {
+    use floodgate::proto::envoy::service::ratelimit::v3::RateLimitResponse;
+    use prost::bytes::BufMut;
+    use tonic::codec::{BufferSettings, Codec, EncodeBuf, Encoder};
+    use tonic::codegen::http::uri::PathAndQuery;
+
+    /// Writes the bytes it is given, as they are.
+    struct Raw;
+    impl Encoder for Raw {
+        type Item = Vec<u8>;
+        type Error = tonic::Status;
+        fn encode(&mut self, item: Vec<u8>, buf: &mut EncodeBuf<'_>) -> Result<(), tonic::Status> {
+            buf.put_slice(&item);
+            Ok(())
+        }
+        fn buffer_settings(&self) -> BufferSettings {
+            BufferSettings::default()
+        }
+    }
+    struct RawCodec;
+    impl Codec for RawCodec {
+        type Encode = Vec<u8>;
+        type Decode = RateLimitResponse;
+        type Encoder = Raw;
+        type Decoder = tonic_prost::ProstDecoder<RateLimitResponse>;
+        fn encoder(&mut self) -> Raw {
+            Raw
+        }
+        fn decoder(&mut self) -> Self::Decoder {
+            tonic_prost::ProstDecoder::new(BufferSettings::default())
+        }
+    }
+
+    let channel = tonic::transport::Endpoint::from_shared(format!("http://{}", server.grpc_addr))
+        .expect("an endpoint")
+        .connect()
+        .await
+        .expect("connect");
+    let mut grpc = tonic::client::Grpc::new(channel);
+    grpc.ready().await.expect("ready");
+    let path =
+        PathAndQuery::from_static("/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit");
+    grpc.unary(tonic::Request::new(message), path, RawCodec)
+        .await
+        .expect_err("an undecodable message gets no decision")
+}
+
+#[tokio::test]
+async fn a_message_that_does_not_decode_is_invalid_argument_and_counted() {
+    let server = Floodgate::start(&[("r.yaml", RULES)], &[]);
+    // Field 1 (domain) announces 127 bytes and brings 1: truncated protobuf.
+    let truncated = send_raw(&server, vec![0x0a, 0x7f, b'a']).await;
+    // Field 1 (domain) holds bytes that are not UTF-8.
+    let not_utf8 = send_raw(&server, vec![0x0a, 0x02, 0xff, 0xfe]).await;
+    for status in [&truncated, &not_utf8] {
+        assert_eq!(status.code(), tonic::Code::InvalidArgument, "{status:?}");
+        assert!(
+            status.message().contains("does not decode"),
+            "{}",
+            status.message()
+        );
+    }
+    let (_, page) = server.http("GET", "/metrics", "");
+    assert!(
+        page.contains(
+            "floodgate_requests_total{protocol=\"grpc\",method=\"ShouldRateLimit\",code=\"INVALID_ARGUMENT\"} 2"
+        ),
+        "{page}"
+    );
+}

@@ -14,6 +14,7 @@ mod exposition;
 mod histogram;
 mod rule_stats;
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 pub use exposition::CONTENT_TYPE;
@@ -208,7 +209,11 @@ impl Metrics {
                     ("method", endpoint.method()),
                     ("code", code.name()),
                 ];
-                page.sample(name, &labels, stats.codes[code as usize].get());
+                let mut count = stats.codes[code as usize].get();
+                if (endpoint, code) == (Endpoint::GrpcShouldRateLimit, Code::InvalidArgument) {
+                    count += UNDECODABLE.load(Ordering::Relaxed);
+                }
+                page.sample(name, &labels, count);
             }
         }
         let name = "floodgate_request_duration_seconds";
@@ -285,6 +290,17 @@ impl ConfigLoads {
             self.error.add(1);
         }
     }
+}
+
+/// gRPC rate-limit requests of this process whose message did not decode: they never reach
+/// a handler, so the codec (`service::codec`) counts them here, and they show as
+/// `INVALID_ARGUMENT`. The generated code builds codecs with `Default::default()`, which leaves
+/// no way to hand one a per-service counter: this one is process-wide.
+static UNDECODABLE: AtomicU64 = AtomicU64::new(0);
+
+/// Counts a gRPC `ShouldRateLimit` request whose message did not decode.
+pub fn record_undecodable() {
+    UNDECODABLE.fetch_add(1, Ordering::Relaxed);
 }
 
 /// Where rate-limit requests come in.
