@@ -136,3 +136,38 @@ fn serve_refuses_to_start_on_bad_rules() {
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(stderr.contains("a.yaml:4"), "{stderr}");
 }
+
+#[test]
+fn a_rule_name_that_leads_nowhere_readable_is_an_error_naming_it() {
+    let dir = write_rules(&[(
+        "a.yaml",
+        "domain: a\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: 1}\n",
+    )]);
+    let path = |name: &str| dir.path().join(name);
+    std::os::unix::fs::symlink(path("nowhere.yaml"), path("dangling.yaml")).expect("a link");
+    std::os::unix::fs::symlink(path("loop.yaml"), path("loop.yaml")).expect("a loop");
+    let fifo = std::process::Command::new("mkfifo")
+        .arg(path("pipe.yaml"))
+        .status()
+        .expect("mkfifo runs");
+    assert!(fifo.success());
+    // A FIFO would block a plain read: `timeout` turns a hang into a failure.
+    let output = std::process::Command::new("timeout")
+        .arg("20")
+        .arg(harness::BINARY)
+        .arg("check-config")
+        .arg(dir.path())
+        .output()
+        .expect("runs");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(1), "{stderr}");
+    for name in ["dangling.yaml", "loop.yaml", "pipe.yaml"] {
+        assert!(
+            stderr
+                .lines()
+                .any(|line| line.contains(name) && line.contains("cannot read the rule file")),
+            "{name} in {stderr}"
+        );
+    }
+    assert!(stderr.contains("not a regular file"), "{stderr}");
+}

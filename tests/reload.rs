@@ -158,6 +158,24 @@ async fn a_bad_change_is_rejected_and_the_old_rules_keep_counting() {
     assert_eq!(config_loads(&server), (2, 1));
 }
 
+#[tokio::test]
+async fn a_rule_file_replaced_by_a_dangling_link_is_rejected_and_its_domain_kept() {
+    let server = Floodgate::start(&[("api.yaml", &api_rules(5))], &INTERVAL);
+    assert_eq!(hit(&server).await, OK);
+    let file = server.rules_dir.path().join("api.yaml");
+    std::fs::remove_file(&file).expect("remove the rule file");
+    std::os::unix::fs::symlink(server.rules_dir.path().join("gone.yaml"), &file)
+        .expect("a dangling link in its place");
+    let log = wait_for_log(&server, "rules not reloaded").await;
+    assert!(
+        log.contains(&format!("{}", file.display())) && log.contains("cannot read the rule file"),
+        "{log}"
+    );
+    // The domain is still limited, on the count it had.
+    assert_eq!(hits(&server, 4).await, [OK; 4]);
+    assert_eq!(hit(&server).await, OVER_LIMIT);
+}
+
 /// `ratelimit_service_config_load_success` and `_error` from `/metrics`.
 fn config_loads(server: &Floodgate) -> (u64, u64) {
     (

@@ -117,7 +117,15 @@ fn read_dir(dir: &Path) -> (Vec<(String, String)>, Vec<LoadError>) {
     let mut sources = Vec::with_capacity(paths.len());
     let mut errors = Vec::new();
     for path in paths {
-        match std::fs::read_to_string(&path) {
+        // What the name leads to, links followed: a dangling link, a loop of links or
+        // something other than a file (a FIFO would block the read) is an error naming the
+        // file, so its domain is not silently dropped.
+        let readable = match std::fs::metadata(&path) {
+            Ok(metadata) if metadata.is_file() => Ok(()),
+            Ok(_) => Err("it is not a regular file".to_owned()),
+            Err(e) => Err(e.to_string()),
+        };
+        match readable.and_then(|()| std::fs::read_to_string(&path).map_err(|e| e.to_string())) {
             Ok(text) => sources.push((path.display().to_string(), text)),
             Err(e) => errors.push(whole(&path, format!("cannot read the rule file: {e}"))),
         }
@@ -125,7 +133,8 @@ fn read_dir(dir: &Path) -> (Vec<(String, String)>, Vec<LoadError>) {
     (sources, errors)
 }
 
-/// A visible `*.yaml` / `*.yml` file (symbolic links followed, as ConfigMap volumes use them).
+/// A visible `*.yaml` / `*.yml` name (whatever it leads to: [`read_dir`] says when that is
+/// not a readable file; symbolic links are followed, as ConfigMap volumes use them).
 fn is_rule_file(path: &Path) -> bool {
     let visible = path
         .file_name()
@@ -135,7 +144,7 @@ fn is_rule_file(path: &Path) -> bool {
         .extension()
         .and_then(|ext| ext.to_str())
         .is_some_and(|ext| ext.eq_ignore_ascii_case("yaml") || ext.eq_ignore_ascii_case("yml"));
-    visible && yaml && path.is_file()
+    visible && yaml
 }
 
 fn load(sources: &[(String, String)], mut errors: Vec<LoadError>) -> Result<RuleSet, LoadErrors> {
