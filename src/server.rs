@@ -3,11 +3,14 @@
 //! let in-flight requests finish within the grace period, then stop.
 
 use std::net::SocketAddr;
+use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::task::{Context, Poll};
 use std::time::Duration;
 
-use anyhow::Context;
+use anyhow::Context as _;
+use futures_util::Stream;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
@@ -78,9 +81,15 @@ pub async fn start(
         .add_service(health_service)
         .add_service(reflection)
         .add_service(RateLimitServiceServer::new(GrpcService(limiter.clone())))
+        // Shutdown ends the incoming stream, which drops the listener, and tonic then lets the
+        // open connections finish: a shutdown signal of tonic's own would stop it accepting
+        // but keep the listener bound until the last connection closed.
         .serve_with_incoming_shutdown(
-            TcpIncoming::from(grpc_listener).with_nodelay(Some(true)),
-            wait_for_stop(stopped.clone()),
+            UntilStopped::new(
+                TcpIncoming::from(grpc_listener).with_nodelay(Some(true)),
+                wait_for_stop(stopped.clone()),
+            ),
+            std::future::pending::<()>(),
         );
     let http = axum::serve(
         http_listener,
@@ -170,6 +179,37 @@ impl RunningServer {
     /// Waits until the servers stop on their own (a listener failed).
     pub async fn wait(&mut self) -> anyhow::Result<()> {
         (&mut self.tasks).await.context("server task")?
+    }
+}
+
+/// The gRPC connections to accept, until shutdown begins: then the listener is dropped at
+/// once, so new clients are refused (and go to another replica) instead of waiting in a
+/// backlog nobody accepts from while in-flight requests finish.
+struct UntilStopped<S> {
+    incoming: Option<S>,
+    stopped: Pin<Box<dyn Future<Output = ()> + Send>>,
+}
+
+impl<S> UntilStopped<S> {
+    fn new(incoming: S, stopped: impl Future<Output = ()> + Send + 'static) -> Self {
+        UntilStopped {
+            incoming: Some(incoming),
+            stopped: Box::pin(stopped),
+        }
+    }
+}
+
+impl<S: Stream + Unpin> Stream for UntilStopped<S> {
+    type Item = S::Item;
+
+    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<S::Item>> {
+        if self.stopped.as_mut().poll(cx).is_ready() {
+            self.incoming = None;
+        }
+        match self.incoming.as_mut() {
+            Some(incoming) => Pin::new(incoming).poll_next(cx),
+            None => Poll::Ready(None),
+        }
     }
 }
 

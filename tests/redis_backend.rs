@@ -22,17 +22,20 @@ fn redis_flags(redis: &RedisServer) -> Vec<String> {
     ]
 }
 
-/// A floodgate on `redis` whose Redis command timeout is `timeout_ms`.
-fn start_with_timeout(rules: &str, redis: &RedisServer, timeout_ms: u64) -> Floodgate {
+/// A floodgate with `rules` on `redis`, and the settings of `env`.
+fn start_with_env(rules: &str, redis: &RedisServer, env: &[(&str, &str)]) -> Floodgate {
     let flags = redis_flags(redis);
     let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
-    Floodgate::start_with_env(
-        &[("rules.yaml", rules)],
-        &flags,
-        &[(
-            "FLOODGATE_REDIS_COMMAND_TIMEOUT_MS",
-            &timeout_ms.to_string(),
-        )],
+    Floodgate::start_with_env(&[("rules.yaml", rules)], &flags, env)
+}
+
+/// A floodgate on `redis` whose Redis command timeout is `timeout_ms`.
+fn start_with_timeout(rules: &str, redis: &RedisServer, timeout_ms: u64) -> Floodgate {
+    let timeout = timeout_ms.to_string();
+    start_with_env(
+        rules,
+        redis,
+        &[("FLOODGATE_REDIS_COMMAND_TIMEOUT_MS", &timeout)],
     )
 }
 
@@ -244,11 +247,9 @@ async fn an_open_circuit_answers_at_once_and_health_follows_the_backend() {
     use tonic_health::pb::health_client::HealthClient;
 
     let redis = RedisServer::start();
-    let flags = redis_flags(&redis);
-    let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
-    let server = Floodgate::start_with_env(
-        &[("rules.yaml", POLICIES)],
-        &flags,
+    let server = start_with_env(
+        POLICIES,
+        &redis,
         &[
             ("FLOODGATE_REDIS_COMMAND_TIMEOUT_MS", "200"),
             ("FLOODGATE_REDIS_BREAKER_WINDOW_MS", "500"),
@@ -395,4 +396,53 @@ async fn an_override_window_beyond_a_hundred_years_is_refused_before_redis_sees_
     let status = server.ask_err(req).await;
     assert_eq!(status.code(), tonic::Code::InvalidArgument, "{status:?}");
     assert_eq!(redis.command(&["DBSIZE"]), "0", "a key was written");
+}
+
+#[tokio::test]
+async fn once_shutdown_begins_new_grpc_connections_are_refused_while_in_flight_requests_finish() {
+    let redis = RedisServer::start();
+    let server = start_with_env(
+        POLICIES,
+        &redis,
+        &[
+            ("FLOODGATE_REDIS_COMMAND_TIMEOUT_MS", "3000"),
+            ("FLOODGATE_SHUTDOWN_GRACE", "10"),
+        ],
+    );
+    let ask = request("policy", vec![descriptor(&[("open_rule", "draining")])]);
+    assert_eq!(server.ask(ask.clone()).await.overall_code, OK);
+
+    // A request held in flight by a frozen Redis keeps the server in its grace period.
+    let pid = redis.pid().to_string();
+    let signal = |name: &str, pid: &str| {
+        let sent = std::process::Command::new("kill")
+            .args([name, pid])
+            .status()
+            .expect("kill runs");
+        assert!(sent.success(), "kill {name} {pid}");
+    };
+    signal("-STOP", &pid);
+    let mut client = server.client().await;
+    let in_flight = tokio::spawn(async move { client.should_rate_limit(ask).await });
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    signal("-TERM", &server.pid().to_string());
+    tokio::time::sleep(Duration::from_millis(300)).await;
+
+    let refused = tokio::time::timeout(
+        Duration::from_secs(2),
+        tokio::net::TcpStream::connect(server.grpc_addr),
+    )
+    .await
+    .expect("a connection attempt is answered, not left waiting");
+    assert_eq!(
+        refused.expect_err("refused once shutdown began").kind(),
+        std::io::ErrorKind::ConnectionRefused
+    );
+
+    signal("-CONT", &pid);
+    let answered = in_flight
+        .await
+        .expect("the in-flight task")
+        .expect("the in-flight request is answered during the grace period");
+    assert_eq!(answered.get_ref().overall_code, OK);
 }
