@@ -6,8 +6,8 @@
 use deadpool_redis::redis;
 use deadpool_redis::redis::aio::ConnectionLike;
 use floodgate::backend::redis::script::{
-    BatchReply, Group, PlannedHit, ScriptClock, Scripts, Target, add_call, all_or_nothing_call,
-    all_or_nothing_reply, batch_call, batch_reply, decision,
+    BatchReply, Group, Mode, PlannedHit, ScriptClock, Scripts, Target, add_call, batch_call,
+    batch_reply, decision,
 };
 use floodgate::limiter::{Decision, Hits, Limit};
 
@@ -72,12 +72,16 @@ pub async fn all_or_nothing<C: ConnectionLike>(
     planned: &[PlannedHit<'_>],
     now: u64,
 ) -> Result<(bool, Vec<Decision>), String> {
-    let command = all_or_nothing_call(scripts, planned, ScriptClock::Fixed(now), now);
-    let reply: redis::Value = command
-        .query_async(connection)
-        .await
-        .map_err(|e| format!("EVALSHA failed: {e}"))?;
-    all_or_nothing_reply(&reply, planned)
+    let group = [Group {
+        mode: Mode::AllOrNothing,
+        hits: planned,
+    }];
+    let reply = batch(connection, scripts, &group, now).await?;
+    let decisions = reply.decisions.into_iter().collect::<Result<Vec<_>, _>>()?;
+    match reply.applied.as_slice() {
+        [Some(applied)] => Ok((*applied, decisions)),
+        other => Err(format!("all-or-nothing group answered {other:?}")),
+    }
 }
 
 /// One batch call of `groups` at `now`, as the Redis backend makes it: each hit's decision

@@ -447,39 +447,6 @@ pub fn decision(reply: &redis::Value) -> Result<Decision, String> {
         .unwrap_or_else(|| Err("no decision".into()))
 }
 
-/// The call that applies every hit of `planned`, in order, only if no binding one is
-/// rejected: a batch of one all-or-nothing group.
-pub fn all_or_nothing_call(
-    scripts: &Scripts,
-    planned: &[PlannedHit<'_>],
-    clock: ScriptClock,
-    local_now: u64,
-) -> redis::Cmd {
-    let group = [Group {
-        mode: Mode::AllOrNothing,
-        hits: planned,
-    }];
-    batch_call(scripts, &group, Target::Server, clock, local_now)
-}
-
-/// Reads the reply to [`all_or_nothing_call`] of `planned`: whether the hits were applied,
-/// and one decision per hit.
-pub fn all_or_nothing_reply(
-    reply: &redis::Value,
-    planned: &[PlannedHit<'_>],
-) -> Result<(bool, Vec<Decision>), String> {
-    let group = [Group {
-        mode: Mode::AllOrNothing,
-        hits: planned,
-    }];
-    let reply = batch_reply(reply, &group)?;
-    let decisions = reply.decisions.into_iter().collect::<Result<Vec<_>, _>>()?;
-    match reply.applied.as_slice() {
-        [Some(applied)] => Ok((*applied, decisions)),
-        other => Err(format!("all-or-nothing group answered {other:?}")),
-    }
-}
-
 /// A calendar-aligned fixed window's boundaries b0 < b1 < b2 < b3 around `local_now`: the
 /// previous, the current and the next window. Redis' clock may differ from this process's
 /// by a little; the script picks the window that contains its own now.

@@ -20,7 +20,7 @@ pub fn slot(key: &[u8]) -> u16 {
 
 /// The part of `key` Redis Cluster hashes: between the first `{` and the first `}` after
 /// it, if that is not empty; else the whole key.
-fn hash_tag(key: &[u8]) -> &[u8] {
+pub fn hash_tag(key: &[u8]) -> &[u8] {
     if let Some(open) = key.iter().position(|&b| b == b'{') {
         let rest = &key[open + 1..];
         if let Some(len) = rest.iter().position(|&b| b == b'}')
