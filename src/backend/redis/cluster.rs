@@ -352,10 +352,11 @@ impl RedisClusterBackend {
         });
     }
 
-    /// Reads the slot map from the cluster and puts it in force.
+    /// Reads the slot map from the cluster and puts it in force, unless another request just
+    /// tried (a cluster that cannot answer is not asked once per request).
     async fn read_slots(&self) {
         let mut last = self.reading_slots.lock().await;
-        if self.slots.load().is_some() {
+        if self.slots.load().is_some() || last.is_some_and(|at| at.elapsed() < LONGEST_PAUSE) {
             return;
         }
         *last = Some(Instant::now());
