@@ -6,8 +6,8 @@
 //! runs it waits for the next. So a call carries one request when the connection is idle and
 //! grows with the load, and the cost of a call (its parsing, the Lua entry, the clock, the
 //! client's own work per command, the wake-ups on both sides) is shared by more requests the
-//! busier Redis is. (Two outstanding calls measured worse: smaller calls for the same Redis
-//! time, 5–15% more server CPU per decision.)
+//! busier Redis is. (Two outstanding calls measured worse: smaller calls, less throughput
+//! and more server CPU per decision; docs/decisions.md.)
 //!
 //! **Overload.** The queue is bounded by [`Capacity`]: a request that would exceed the
 //! connection's in-flight limit, or whose deadline is nearer than calls have lately waited,
