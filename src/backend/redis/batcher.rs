@@ -22,7 +22,7 @@
 //! A lane does not know what it talks to: a [`Link`] sends its calls, to a standalone server
 //! (`ServerLink` in `mod.rs`) or to one node of a cluster (`cluster.rs`).
 
-use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use deadpool_redis::redis;
@@ -33,7 +33,7 @@ use tokio::sync::{mpsc, oneshot};
 use tokio::time::{Instant, timeout_at};
 
 use super::script::{self, Group, Mode, PlannedHit, ScriptClock, Scripts, Target};
-use super::{batch_results, is_noscript};
+use super::{batch_results, is_noscript, lock};
 use crate::backend::BackendError;
 use crate::backend::capacity::{Capacity, Refusal};
 use crate::clock::Clock;
@@ -300,9 +300,4 @@ async fn exchange<L: Link>(
         .iter()
         .map(|request| results.by_ref().take(request.hits.len()).collect())
         .collect())
-}
-
-/// A slot holds a handle only; a panic elsewhere while it was locked leaves it usable.
-fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
-    mutex.lock().unwrap_or_else(PoisonError::into_inner)
 }

@@ -31,7 +31,7 @@ use redis::cluster_async::ClusterConnection;
 use redis::cluster_routing::{RoutingInfo, SingleNodeRoutingInfo};
 use redis::io::tcp::TcpSettings;
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex};
 use tokio::time::{Instant, timeout_at};
 
 use crate::backend::{BackendError, CounterHit, rejects};
@@ -42,7 +42,7 @@ use super::batcher::{Lane, Link, QueuedHit, Shared};
 use super::redirect::{LONGEST_PAUSE, not_served_here, run_call};
 use super::script::{Mode, Target};
 use super::slots::{Node, SlotMap};
-use super::{Call, RedisOptions, Scripts, load_scripts, redact, unavailable};
+use super::{Call, RedisOptions, Scripts, load_scripts, lock, redact, unavailable};
 
 /// A Redis Cluster reached through a list of seed nodes.
 pub struct RedisClusterBackend {
@@ -308,7 +308,7 @@ impl RedisClusterBackend {
 
     /// The lane of `node`, made on first use.
     fn lane(&self, node: &Node) -> Arc<Lane<NodeLink>> {
-        let mut lanes = self.lanes.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut lanes = lock(&self.lanes);
         if let Some(lane) = lanes.get(node) {
             return lane.clone();
         }

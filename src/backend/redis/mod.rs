@@ -263,7 +263,7 @@ pub(crate) async fn load_scripts<C: redis::aio::ConnectionLike>(
     Ok(())
 }
 
-/// A slot holds a handle only; a panic elsewhere while it was locked leaves it usable.
+/// A mutex that holds handles only: a panic elsewhere while it was locked leaves it usable.
 fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
     mutex.lock().unwrap_or_else(PoisonError::into_inner)
 }
