@@ -15,7 +15,7 @@ use floodgate::backend::{
 };
 use floodgate::clock::SystemClock;
 use floodgate::reload::{Hangups, Reloader};
-use floodgate::rules::{RuleFiles, RuleSet};
+use floodgate::rules::{DEFAULT_RULES_MAX_BYTES, RuleFiles, RuleSet};
 use floodgate::service::{RateLimiter, ServiceOptions};
 use floodgate::settings::{BackendKind, HeaderStyle, LogFormat, Overrides, Settings};
 use floodgate::{bench, query, server};
@@ -44,6 +44,9 @@ enum Command {
     CheckConfig {
         /// The rules directory.
         dir: PathBuf,
+        /// The most bytes the rule files may hold together, as the server's setting.
+        #[arg(long, env = "FLOODGATE_RULES_MAX_BYTES", default_value_t = DEFAULT_RULES_MAX_BYTES)]
+        rules_max_bytes: u64,
     },
     /// Ask a running server for one decision and print it; exit 2 when over limit.
     Query(query::QueryArgs),
@@ -149,7 +152,10 @@ fn main() -> ExitCode {
             init_logging(settings.log_format);
             runtime()?.block_on(serve(settings))
         }),
-        Command::CheckConfig { dir } => return check_config(&dir),
+        Command::CheckConfig {
+            dir,
+            rules_max_bytes,
+        } => return check_config(&dir, rules_max_bytes),
         Command::Query(args) => {
             return runtime()
                 .and_then(|rt| rt.block_on(query::run(args)))
@@ -184,8 +190,8 @@ fn init_logging(format: LogFormat) {
     }
 }
 
-fn check_config(dir: &std::path::Path) -> ExitCode {
-    match RuleSet::load_dir(dir) {
+fn check_config(dir: &std::path::Path, max_bytes: u64) -> ExitCode {
+    match RuleSet::load_dir(dir, max_bytes) {
         Ok(rules) => {
             println!(
                 "{}: {} domains, {} rules, no errors",
@@ -204,7 +210,7 @@ fn check_config(dir: &std::path::Path) -> ExitCode {
 
 async fn serve(settings: Settings) -> anyhow::Result<()> {
     // The files read here are what later reloads compare the directory with.
-    let rule_files = RuleFiles::read(&settings.rules);
+    let rule_files = RuleFiles::read(&settings.rules, settings.rules_max_bytes);
     let rules = rule_files
         .load()
         .with_context(|| format!("loading rules from {}", settings.rules.display()))?;
@@ -269,7 +275,12 @@ async fn serve(settings: Settings) -> anyhow::Result<()> {
         ServiceOptions::from_settings(&settings),
     ));
     let rule_count = limiter.rules().rules().count();
-    let reloader = Reloader::new(&settings.rules, rule_files, limiter.clone());
+    let reloader = Reloader::new(
+        &settings.rules,
+        settings.rules_max_bytes,
+        rule_files,
+        limiter.clone(),
+    );
     let mut running = server::start(limiter, settings.grpc_addr, settings.http_addr).await?;
     let reload_interval = (settings.rules_reload_interval_ms > 0)
         .then(|| Duration::from_millis(settings.rules_reload_interval_ms));

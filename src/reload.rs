@@ -24,6 +24,8 @@ use crate::service::RateLimiter;
 /// Keeps the limiter's rules in line with the rules directory.
 pub struct Reloader {
     dir: Arc<Path>,
+    /// `rules_max_bytes`: the most the rule files may hold together.
+    max_bytes: u64,
     limiter: Arc<RateLimiter>,
     change: Change,
 }
@@ -33,9 +35,10 @@ impl Reloader {
     /// (the limiter counted that load). Every reload is counted in the limiter's metrics
     /// (`ratelimit_service_config_load_success` / `_error`): a growing error count says the
     /// rules in force are not the ones on disk.
-    pub fn new(dir: &Path, files: RuleFiles, limiter: Arc<RateLimiter>) -> Self {
+    pub fn new(dir: &Path, max_bytes: u64, files: RuleFiles, limiter: Arc<RateLimiter>) -> Self {
         Reloader {
             dir: dir.into(),
+            max_bytes,
             limiter,
             change: Change::new(files),
         }
@@ -86,8 +89,8 @@ impl Reloader {
     /// The rule files as they are now, read off the async workers. `None` only when the
     /// runtime is shutting down (or the read panicked, which the panic hook has reported).
     async fn read(&self) -> Option<RuleFiles> {
-        let dir = self.dir.clone();
-        tokio::task::spawn_blocking(move || RuleFiles::read(&dir))
+        let (dir, max_bytes) = (self.dir.clone(), self.max_bytes);
+        tokio::task::spawn_blocking(move || RuleFiles::read(&dir, max_bytes))
             .await
             .ok()
     }
@@ -212,7 +215,7 @@ mod tests {
 
         fn read(&self, text: &str) -> RuleFiles {
             std::fs::write(self.0.path().join("a.yaml"), text).expect("write");
-            RuleFiles::read(self.0.path())
+            RuleFiles::read(self.0.path(), crate::rules::DEFAULT_RULES_MAX_BYTES)
         }
     }
 

@@ -89,6 +89,9 @@ pub struct Settings {
     pub rules: PathBuf,
     /// Milliseconds between looks at the rules directory for changes (0: only on SIGHUP).
     pub rules_reload_interval_ms: u64,
+    /// The most bytes the rule files may hold together; a reload past it is rejected and the
+    /// rules in force are kept (a load briefly holds about 60 times what it parses).
+    pub rules_max_bytes: u64,
     pub backend: BackendKind,
     /// `redis://[user:password@]host:port[/db]` for the redis backend (`rediss://` for TLS);
     /// for redis-cluster a comma-separated list of seed nodes; for redis-sentinel of sentinels.
@@ -173,6 +176,7 @@ impl Default for Settings {
             http_addr: SocketAddr::from(([127, 0, 0, 1], 8080)),
             rules: PathBuf::from("examples/rules"),
             rules_reload_interval_ms: 1000,
+            rules_max_bytes: crate::rules::DEFAULT_RULES_MAX_BYTES,
             backend: BackendKind::Memory,
             redis_url: "redis://127.0.0.1:6379".into(),
             redis_username: None,

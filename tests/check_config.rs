@@ -171,3 +171,9 @@ fn a_rule_name_that_leads_nowhere_readable_is_an_error_naming_it() {
     }
     assert!(stderr.contains("not a regular file"), "{stderr}");
 }
+
+#[test]
+fn nesting_a_hundred_thousand_levels_deep_is_an_error_not_a_crash() {
+    let yaml = format!("domain: a\nmetadata:\n{}x\n", "- ".repeat(100_000));
+    assert_error(&[("a.yaml", &yaml)], "a.yaml", 3, &["nests at most 100"]);
+}

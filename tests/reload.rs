@@ -62,10 +62,15 @@ async fn wait_for_limit(server: &Floodgate, domain: &str, limit: u32) -> u32 {
 
 /// Waits until the server's log holds `text`.
 async fn wait_for_log(server: &Floodgate, text: &str) -> String {
+    wait_for_log_count(server, text, 1).await
+}
+
+/// Waits until `text` is in the log `count` times.
+async fn wait_for_log_count(server: &Floodgate, text: &str, count: usize) -> String {
     let start = Instant::now();
     loop {
         let stderr = server.stderr();
-        if stderr.contains(text) {
+        if stderr.matches(text).count() >= count {
             return stderr;
         }
         assert!(
@@ -174,6 +179,39 @@ async fn a_rule_file_replaced_by_a_dangling_link_is_rejected_and_its_domain_kept
     // The domain is still limited, on the count it had.
     assert_eq!(hits(&server, 4).await, [OK; 4]);
     assert_eq!(hit(&server).await, OVER_LIMIT);
+}
+
+#[tokio::test]
+async fn a_rule_file_nested_too_deep_or_too_big_is_rejected_and_the_server_lives_on() {
+    let server = Floodgate::start_with_env(
+        &[("api.yaml", &api_rules(5))],
+        &INTERVAL,
+        &[("FLOODGATE_RULES_MAX_BYTES", "4096")],
+    );
+    assert_eq!(hit(&server).await, OK);
+    let file = server.rules_dir.path().join("api.yaml");
+
+    // `- - - - …`: 3,000 levels of lists in 6 KB, once a stack overflow that aborted every
+    // replica mounting the file.
+    let deep = format!("{}metadata:\n{}x\n", api_rules(5), "- ".repeat(3_000));
+    write(server.rules_dir.path(), "api.yaml", &deep[..4000]);
+    let log = wait_for_log(&server, "rules not reloaded").await;
+    assert!(
+        log.contains(&format!(
+            "{}:6: (file): invalid YAML: nested 101 levels",
+            file.display()
+        )),
+        "{log}"
+    );
+
+    write(server.rules_dir.path(), "api.yaml", &deep);
+    let log = wait_for_log_count(&server, "rules not reloaded", 2).await;
+    assert!(log.contains("above rules_max_bytes (4096)"), "{log}");
+
+    // Alive, and still on the rules it had.
+    assert_eq!(hits(&server, 4).await, [OK; 4]);
+    assert_eq!(hit(&server).await, OVER_LIMIT);
+    assert_eq!(config_loads(&server), (1, 2));
 }
 
 /// `ratelimit_service_config_load_success` and `_error` from `/metrics`.

@@ -56,8 +56,9 @@ impl RuleSet {
     /// Loads every `*.yaml` / `*.yml` file of `dir`, sorted by name. Not recursive, and files
     /// whose name starts with `.` are skipped, so a Kubernetes ConfigMap volume (whose files
     /// are also reachable through its `..data` directory) is read once.
-    pub fn load_dir(dir: &Path) -> Result<RuleSet, LoadErrors> {
-        RuleFiles::read(dir).load()
+    /// Reads at most `max_bytes` of rule files in all ([`RuleFiles::read`]).
+    pub fn load_dir(dir: &Path, max_bytes: u64) -> Result<RuleSet, LoadErrors> {
+        RuleFiles::read(dir, max_bytes).load()
     }
 
     /// Loads rule files given as (file name, contents), in the order given.
@@ -79,9 +80,11 @@ pub struct RuleFiles {
 
 impl RuleFiles {
     /// Reads the rule files of `dir` ([`RuleSet::load_dir`] says which), following symbolic
-    /// links. Never fails: a file that cannot be read becomes a load error.
-    pub fn read(dir: &Path) -> RuleFiles {
-        let (sources, errors) = read_dir(dir);
+    /// links. Never fails: a file that cannot be read becomes a load error, and so does one
+    /// that would take the files read past `max_bytes` together (a load holds several times
+    /// the files' size while it parses them; [`DEFAULT_RULES_MAX_BYTES`]).
+    pub fn read(dir: &Path, max_bytes: u64) -> RuleFiles {
+        let (sources, errors) = read_dir(dir, max_bytes);
         RuleFiles { sources, errors }
     }
 
@@ -91,8 +94,13 @@ impl RuleFiles {
     }
 }
 
+/// The default bound on the rule files of one directory, all together: 2 MiB. A load peaks
+/// at about 60 times the bytes it parses, so the default stays well inside the Helm chart's
+/// 256 MiB memory limit; a Kubernetes ConfigMap holds at most 1 MiB.
+pub const DEFAULT_RULES_MAX_BYTES: u64 = 2 * 1024 * 1024;
+
 /// The rule files of `dir` as (path, contents), and an error for each that cannot be read.
-fn read_dir(dir: &Path) -> (Vec<(String, String)>, Vec<LoadError>) {
+fn read_dir(dir: &Path, max_bytes: u64) -> (Vec<(String, String)>, Vec<LoadError>) {
     let whole = |file: &Path, message: String| LoadError {
         file: file.display().to_string(),
         line: 0,
@@ -116,21 +124,58 @@ fn read_dir(dir: &Path) -> (Vec<(String, String)>, Vec<LoadError>) {
     paths.sort();
     let mut sources = Vec::with_capacity(paths.len());
     let mut errors = Vec::new();
+    let mut total: u64 = 0;
     for path in paths {
-        // What the name leads to, links followed: a dangling link, a loop of links or
-        // something other than a file (a FIFO would block the read) is an error naming the
-        // file, so its domain is not silently dropped.
-        let readable = match std::fs::metadata(&path) {
-            Ok(metadata) if metadata.is_file() => Ok(()),
-            Ok(_) => Err("it is not a regular file".to_owned()),
-            Err(e) => Err(e.to_string()),
-        };
-        match readable.and_then(|()| std::fs::read_to_string(&path).map_err(|e| e.to_string())) {
-            Ok(text) => sources.push((path.display().to_string(), text)),
-            Err(e) => errors.push(whole(&path, format!("cannot read the rule file: {e}"))),
+        match read_file(&path, max_bytes.saturating_sub(total)) {
+            Ok(text) => {
+                total += text.len() as u64;
+                sources.push((path.display().to_string(), text));
+            }
+            Err(Unreadable::TooBig(bytes)) => {
+                let message = format!(
+                    "the rule files reach {} bytes with this one ({bytes} bytes), above \
+                     rules_max_bytes ({max_bytes}); raise the setting or trim the rules",
+                    total + bytes
+                );
+                errors.push(whole(&path, message));
+            }
+            Err(Unreadable::Io(e)) => {
+                errors.push(whole(&path, format!("cannot read the rule file: {e}")));
+            }
         }
     }
     (sources, errors)
+}
+
+enum Unreadable {
+    /// At least this many bytes, more than were left.
+    TooBig(u64),
+    Io(String),
+}
+
+/// The text of the rule file at `path` if it holds at most `room` bytes.
+fn read_file(path: &Path, room: u64) -> Result<String, Unreadable> {
+    use std::io::Read;
+    // What the name leads to, links followed: a dangling link, a loop of links or something
+    // other than a file (a FIFO would block the read) is an error naming the file, so its
+    // domain is not silently dropped.
+    let io = |e: std::io::Error| Unreadable::Io(e.to_string());
+    let metadata = std::fs::metadata(path).map_err(io)?;
+    if !metadata.is_file() {
+        return Err(Unreadable::Io("it is not a regular file".to_owned()));
+    }
+    if metadata.len() > room {
+        return Err(Unreadable::TooBig(metadata.len()));
+    }
+    // The file may grow between the look and the read: never read more than the room.
+    let mut text = String::new();
+    std::fs::File::open(path)
+        .and_then(|file| file.take(room + 1).read_to_string(&mut text))
+        .map_err(io)?;
+    match text.len() as u64 {
+        read if read > room => Err(Unreadable::TooBig(read)),
+        _ => Ok(text),
+    }
 }
 
 /// A visible `*.yaml` / `*.yml` name (whatever it leads to: [`read_dir`] says when that is

@@ -22,7 +22,7 @@ mod yaml;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-pub use load::{LoadError, LoadErrors, RuleFiles};
+pub use load::{DEFAULT_RULES_MAX_BYTES, LoadError, LoadErrors, RuleFiles};
 pub use matcher::Match;
 pub use wildcard::Wildcard;
 

@@ -7,6 +7,12 @@
 //! map holding it, on their way to saphyr's own loader. Scalars stay unresolved
 //! (representations), so a string field keeps the text exactly as written (`value: 010`
 //! stays `010`) and typed fields resolve with the YAML 1.2 core schema when read.
+//!
+//! The tracker also bounds nesting ([`MAX_NESTING`]): the parser's own loading loop, the
+//! tree's drop and the rule readers all recurse once per level, so a few kilobytes of `[[[[`
+//! would otherwise overflow a thread's stack and abort the process. Events are pulled one at
+//! a time, without that loop, and the parse stops at the first node nested too deep, counting
+//! what an alias expands to.
 
 use std::borrow::Cow;
 use std::collections::HashMap;
@@ -39,18 +45,30 @@ impl<'input> Document<'input> {
         let mut loader = YamlLoader::<MarkedYaml<'input>>::default();
         loader.early_parse(false);
         loader.allow_duplicate_keys(true);
-        let mut tracker = DuplicateTracker {
+        let mut tracker = Tracker {
             loader,
             frames: Vec::new(),
             duplicates: HashMap::new(),
+            anchor_levels: HashMap::new(),
         };
         let syntax = |error: &saphyr::ScanError| SyntaxError {
             line: error.marker().line(),
             message: error.info().to_owned(),
         };
-        Parser::new_from_str(source)
-            .load(&mut tracker, true)
-            .map_err(|e| syntax(&e))?;
+        let mut parser = Parser::new_from_str(source);
+        while let Some(event) = parser.next_event() {
+            let (event, span) = event.map_err(|e| syntax(&e))?;
+            let line = span.start.line();
+            tracker
+                .on_event(event, span)
+                .map_err(|levels| SyntaxError {
+                    line,
+                    message: format!(
+                        "nested {levels} levels deep (lists and maps inside one another, \
+                     aliases expanded); a rule file nests at most {MAX_NESTING}"
+                    ),
+                })?;
+        }
         if let Some(error) = tracker.loader.error() {
             return Err(syntax(error));
         }
@@ -79,8 +97,20 @@ impl<'input> Document<'input> {
     }
 }
 
-/// Where the tracker is inside the event stream.
-enum Frame {
+/// The deepest a rule file nests lists and maps inside one another, aliases expanded: 100
+/// levels, about 49 levels of descriptors (each is a map inside a `descriptors:` list).
+pub const MAX_NESTING: usize = 100;
+
+/// An open list or map in the event stream.
+struct Frame {
+    kind: FrameKind,
+    /// The anchor it defines (0 for none), whose nesting an alias repeats.
+    anchor: usize,
+    /// The most levels of lists and maps inside it so far.
+    below: usize,
+}
+
+enum FrameKind {
     Sequence,
     Mapping {
         keys: Vec<ScalarOwned>,
@@ -90,26 +120,97 @@ enum Frame {
     },
 }
 
-/// Notes duplicate keys, then hands every event to saphyr's loader unchanged.
-struct DuplicateTracker<'input> {
+/// Notes duplicate keys and bounds nesting, then hands every event to saphyr's loader
+/// unchanged.
+struct Tracker<'input> {
     loader: YamlLoader<'input, MarkedYaml<'input>>,
     frames: Vec<Frame>,
     duplicates: HashMap<usize, Vec<DuplicateKey>>,
+    /// The levels of lists and maps each anchored collection holds, itself included.
+    anchor_levels: HashMap<usize, usize>,
 }
 
-impl DuplicateTracker<'_> {
+impl<'input> Tracker<'input> {
+    /// Takes the parser's next event; `Err(levels)` when it would nest the document deeper
+    /// than [`MAX_NESTING`].
+    fn on_event(&mut self, event: Event<'input>, span: Span) -> Result<(), usize> {
+        match &event {
+            Event::MappingStart(anchor, _) => self.open(*anchor, || FrameKind::Mapping {
+                keys: Vec::new(),
+                expects_key: true,
+                start: span.start.index(),
+            })?,
+            Event::SequenceStart(anchor, _) => self.open(*anchor, || FrameKind::Sequence)?,
+            Event::MappingEnd | Event::SequenceEnd => {
+                if let Some(frame) = self.frames.pop() {
+                    let levels = frame.below + 1;
+                    if frame.anchor != 0 {
+                        self.anchor_levels.insert(frame.anchor, levels);
+                    }
+                    self.nested(levels);
+                }
+                self.node_done();
+            }
+            Event::Scalar(text, style, _, tag) => {
+                let value = Scalar::parse_from_cow_and_metadata(text.clone(), *style, tag.as_ref())
+                    .unwrap_or_else(|| Scalar::String(text.clone()));
+                self.scalar(value, text, span);
+            }
+            Event::Alias(anchor) => {
+                let levels = self.anchor_levels.get(anchor).copied().unwrap_or(0);
+                let depth = self.frames.len() + levels;
+                if depth > MAX_NESTING {
+                    return Err(depth);
+                }
+                self.nested(levels);
+                self.node_done();
+            }
+            _ => {}
+        }
+        self.loader.on_event(event, span);
+        Ok(())
+    }
+
+    fn open(&mut self, anchor: usize, kind: impl FnOnce() -> FrameKind) -> Result<(), usize> {
+        let depth = self.frames.len() + 1;
+        if depth > MAX_NESTING {
+            return Err(depth);
+        }
+        self.frames.push(Frame {
+            kind: kind(),
+            anchor,
+            below: 0,
+        });
+        Ok(())
+    }
+
+    /// A node holding `levels` of lists and maps has been completed in the open frame.
+    fn nested(&mut self, levels: usize) {
+        if let Some(parent) = self.frames.last_mut() {
+            parent.below = parent.below.max(levels);
+        }
+    }
+
     /// A node has been completed: in a map, keys and values alternate.
     fn node_done(&mut self) {
-        if let Some(Frame::Mapping { expects_key, .. }) = self.frames.last_mut() {
+        if let Some(Frame {
+            kind: FrameKind::Mapping { expects_key, .. },
+            ..
+        }) = self.frames.last_mut()
+        {
             *expects_key = !*expects_key;
         }
     }
 
     fn scalar(&mut self, value: Scalar<'_>, text: &str, span: Span) {
-        if let Some(Frame::Mapping {
-            keys,
-            expects_key: true,
-            start,
+        if let Some(Frame {
+            kind:
+                FrameKind::Mapping {
+                    keys,
+                    expects_key: true,
+                    start,
+                },
+            ..
         }) = self.frames.last_mut()
         {
             let key = value.into_owned();
@@ -126,31 +227,6 @@ impl DuplicateTracker<'_> {
             }
         }
         self.node_done();
-    }
-}
-
-impl<'input> SpannedEventReceiver<'input> for DuplicateTracker<'input> {
-    fn on_event(&mut self, event: Event<'input>, span: Span) {
-        match &event {
-            Event::MappingStart(..) => self.frames.push(Frame::Mapping {
-                keys: Vec::new(),
-                expects_key: true,
-                start: span.start.index(),
-            }),
-            Event::SequenceStart(..) => self.frames.push(Frame::Sequence),
-            Event::MappingEnd | Event::SequenceEnd => {
-                self.frames.pop();
-                self.node_done();
-            }
-            Event::Scalar(text, style, _, tag) => {
-                let value = Scalar::parse_from_cow_and_metadata(text.clone(), *style, tag.as_ref())
-                    .unwrap_or_else(|| Scalar::String(text.clone()));
-                self.scalar(value, text, span);
-            }
-            Event::Alias(_) => self.node_done(),
-            _ => {}
-        }
-        self.loader.on_event(event, span);
     }
 }
 
@@ -322,5 +398,39 @@ mod tests {
     fn a_second_document_is_an_error() {
         let error = Document::parse("a: 1\n---\nb: 2\n").err().expect("fails");
         assert_eq!(error.line, 3);
+    }
+
+    #[test]
+    fn nesting_is_bounded_where_it_goes_too_deep() {
+        let fits = format!("{}x{}", "[".repeat(MAX_NESTING), "]".repeat(MAX_NESTING));
+        assert!(Document::parse(&fits).is_ok());
+        let deeper = MAX_NESTING + 1;
+        let error = Document::parse(&format!("a: 1\nb: {}", "[".repeat(deeper)))
+            .err()
+            .expect("too deep");
+        assert_eq!(error.line, 2);
+        assert!(error.message.contains("at most 100"), "{}", error.message);
+        // Far deeper input stops at the bound instead of recursing once per level.
+        let error = Document::parse(&format!("a:\n{}x\n", "- ".repeat(100_000)))
+            .err()
+            .expect("too deep");
+        assert_eq!(error.line, 2);
+    }
+
+    #[test]
+    fn an_alias_counts_the_levels_it_expands_to() {
+        // `b` repeats `a`'s 60 levels inside 60 of its own, inside the top map: 121 levels.
+        let open = "[".repeat(59);
+        let close = "]".repeat(59);
+        let source = format!("a: &a {open}[1]{close}\nb: &b {open}[*a]{close}\n");
+        let error = Document::parse(&source).err().expect("too deep");
+        assert_eq!(error.line, 2);
+        assert!(
+            error.message.contains("nested 121 levels"),
+            "{}",
+            error.message
+        );
+        let shallow = format!("a: &a {open}[1]{close}\nb: [*a, *a]\n");
+        assert!(Document::parse(&shallow).is_ok());
     }
 }

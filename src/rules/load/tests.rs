@@ -1073,7 +1073,8 @@ fn load_dir_reads_yaml_files_sorted_and_skips_hidden_and_others() {
     std::fs::create_dir(dir.path().join("nested")).expect("mkdir");
     std::fs::write(dir.path().join("nested/c.yaml"), "domain: [").expect("write");
 
-    let rules = RuleSet::load_dir(dir.path()).unwrap_or_else(|e| panic!("{e}"));
+    let rules =
+        RuleSet::load_dir(dir.path(), DEFAULT_RULES_MAX_BYTES).unwrap_or_else(|e| panic!("{e}"));
     let domains: Vec<_> = rules.domains.keys().map(String::as_str).collect();
     assert_eq!(domains, ["a", "b"]);
 }
@@ -1094,7 +1095,8 @@ fn load_dir_reads_a_configmap_volume_once_through_its_file_links() {
         symlink(format!("..data/{name}"), dir.path().join(name)).expect("symlink");
     }
 
-    let rules = RuleSet::load_dir(dir.path()).unwrap_or_else(|e| panic!("{e}"));
+    let rules =
+        RuleSet::load_dir(dir.path(), DEFAULT_RULES_MAX_BYTES).unwrap_or_else(|e| panic!("{e}"));
     let domains: Vec<_> = rules.domains.keys().map(String::as_str).collect();
     assert_eq!(domains, ["api", "web"]);
     assert_eq!(
@@ -1107,18 +1109,20 @@ fn load_dir_reads_a_configmap_volume_once_through_its_file_links() {
 fn rule_files_read_equal_until_a_rule_file_changes() {
     let dir = tempfile::tempdir().expect("tempdir");
     std::fs::write(dir.path().join("a.yaml"), "domain: a\n").expect("write");
-    let before = RuleFiles::read(dir.path());
+    let before = RuleFiles::read(dir.path(), DEFAULT_RULES_MAX_BYTES);
     std::fs::write(dir.path().join(".log"), "not a rule file").expect("write");
-    assert_eq!(RuleFiles::read(dir.path()), before);
+    assert_eq!(RuleFiles::read(dir.path(), DEFAULT_RULES_MAX_BYTES), before);
     std::fs::write(dir.path().join("a.yaml"), "domain: b\n").expect("write");
-    assert_ne!(RuleFiles::read(dir.path()), before);
+    assert_ne!(RuleFiles::read(dir.path(), DEFAULT_RULES_MAX_BYTES), before);
 }
 
 #[test]
 fn load_dir_names_files_by_path_in_errors() {
     let dir = tempfile::tempdir().expect("tempdir");
     std::fs::write(dir.path().join("bad.yaml"), "domain: ''\n").expect("write");
-    let errors = RuleSet::load_dir(dir.path()).expect_err("bad").0;
+    let errors = RuleSet::load_dir(dir.path(), DEFAULT_RULES_MAX_BYTES)
+        .expect_err("bad")
+        .0;
     assert_eq!(
         errors[0].file,
         dir.path().join("bad.yaml").display().to_string()
@@ -1129,7 +1133,9 @@ fn load_dir_names_files_by_path_in_errors() {
 fn missing_rules_directory_is_an_error_naming_it() {
     let dir = tempfile::tempdir().expect("tempdir");
     let missing = dir.path().join("nope");
-    let errors = RuleSet::load_dir(&missing).expect_err("missing").0;
+    let errors = RuleSet::load_dir(&missing, DEFAULT_RULES_MAX_BYTES)
+        .expect_err("missing")
+        .0;
     assert_eq!(errors.len(), 1);
     assert_eq!(errors[0].file, missing.display().to_string());
     assert!(
@@ -1144,7 +1150,7 @@ fn missing_rules_directory_is_an_error_naming_it() {
 #[test]
 fn example_rules_load() {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/rules");
-    let rules = RuleSet::load_dir(&dir).unwrap_or_else(|e| panic!("{e}"));
+    let rules = RuleSet::load_dir(&dir, DEFAULT_RULES_MAX_BYTES).unwrap_or_else(|e| panic!("{e}"));
     assert!(rules.domain("edge").is_some());
     assert!(rules.domain("floodgate_demo").is_some());
     assert!(rules.rules().count() >= 10);
@@ -1227,5 +1233,49 @@ fn bucket_that_takes_a_century_to_refill_is_an_error() {
         4,
         "domain d > k",
         "longer than 100 years",
+    );
+}
+
+#[test]
+fn descriptors_nested_past_the_bound_are_an_error_at_their_line() {
+    // Each descriptor level is a map inside a `descriptors:` list: two levels of YAML.
+    let mut text = String::from("domain: deep\n");
+    for level in 0..60 {
+        let indent = "  ".repeat(2 * level);
+        text += &format!("{indent}descriptors:\n{indent}  - key: k{level}\n");
+    }
+    let errors = errors(&text);
+    assert_eq!(errors.len(), 1, "{errors:?}");
+    // The 100th level of nesting is the map of the 50th descriptor (k49), written on its
+    // key's line: line 2 + 2 × 49 + 1.
+    assert_eq!((errors[0].line, errors[0].rule.as_str()), (101, "(file)"));
+    assert!(
+        errors[0].message.contains("nests at most 100"),
+        "{}",
+        errors[0]
+    );
+}
+
+#[test]
+fn rule_files_past_the_byte_bound_together_are_errors_naming_each() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let a = "domain: a\n";
+    std::fs::write(dir.path().join("a.yaml"), a).expect("write");
+    std::fs::write(dir.path().join("b.yaml"), "domain: b\n").expect("write");
+    let bound = 2 * a.len() as u64;
+    assert!(RuleSet::load_dir(dir.path(), bound).is_ok());
+    let errors = RuleSet::load_dir(dir.path(), bound - 1)
+        .expect_err("too big")
+        .0;
+    assert_eq!(errors.len(), 1, "{errors:?}");
+    let b = dir.path().join("b.yaml").display().to_string();
+    assert_eq!((errors[0].file.as_str(), errors[0].line), (b.as_str(), 0));
+    assert!(
+        errors[0]
+            .message
+            .contains("reach 20 bytes with this one (10 bytes)")
+            && errors[0].message.contains("rules_max_bytes (19)"),
+        "{}",
+        errors[0]
     );
 }
