@@ -1,5 +1,6 @@
 //! Where a decision's CPU goes, without the network: rule matching, the counter key, one
-//! memory-backend hit, and a whole `ShouldRateLimit` in process.
+//! memory-backend hit, the over-limit cache taking a new key when full, and a whole
+//! `ShouldRateLimit` in process.
 //!
 //! `cargo bench --bench decision`
 
@@ -8,9 +9,10 @@ use std::sync::Arc;
 
 use criterion::{Criterion, criterion_group, criterion_main};
 
-use floodgate::backend::{Backend, MemoryBackend};
+use floodgate::backend::memory::DEFAULT_MAX_COUNTERS;
+use floodgate::backend::{Backend, MemoryBackend, OverLimitCache};
 use floodgate::clock::SystemClock;
-use floodgate::limiter::{CounterKey, Hits, Limit, Unit};
+use floodgate::limiter::{CounterKey, Decision, Hits, Limit, Unit};
 use floodgate::proto::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
 use floodgate::proto::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry;
 use floodgate::proto::envoy::service::ratelimit::v3::RateLimitRequest;
@@ -74,7 +76,7 @@ fn counting(c: &mut Criterion) {
             )
         })
     });
-    let memory = MemoryBackend::new(Arc::new(SystemClock));
+    let memory = MemoryBackend::new(Arc::new(SystemClock), DEFAULT_MAX_COUNTERS);
     let keys: Vec<CounterKey> = (0..10_000)
         .map(|i| {
             CounterKey::new(
@@ -93,13 +95,46 @@ fn counting(c: &mut Criterion) {
             memory.hit(&keys[i], &limit, Hits::take(1))
         })
     });
+
+    // A full cache of counters exhausted for an hour, told of one more exhausted key at a
+    // time: what each new key an abusive client exhausts costs once the cache is full.
+    let cache = OverLimitCache::new(100_000, Arc::new(SystemClock));
+    let exhausted = Decision {
+        allowed: false,
+        remaining: 0,
+        reset_micros: 3_600_000_000,
+    };
+    let key = |i: u64| {
+        let value = format!("k{i}");
+        CounterKey::new(
+            "bench",
+            "bench.user_id",
+            0,
+            &limit,
+            [("user_id", value.as_str())],
+        )
+    };
+    for i in 0..200_000 {
+        cache.observe(&key(i), &exhausted);
+    }
+    let fresh: Vec<CounterKey> = (1_000_000..1_010_000).map(key).collect();
+    let mut i = 0;
+    c.bench_function("over_limit_cache_full_new_key", |b| {
+        b.iter(|| {
+            i = (i + 1) % fresh.len();
+            cache.observe(&fresh[i], &exhausted)
+        })
+    });
 }
 
 fn deciding(c: &mut Criterion) {
     let runtime = tokio::runtime::Builder::new_current_thread()
         .build()
         .expect("runtime");
-    let memory = Arc::new(MemoryBackend::new(Arc::new(SystemClock)));
+    let memory = Arc::new(MemoryBackend::new(
+        Arc::new(SystemClock),
+        DEFAULT_MAX_COUNTERS,
+    ));
     let limiter = RateLimiter::new(
         rules(),
         Backend::memory(memory.clone()),

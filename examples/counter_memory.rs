@@ -26,7 +26,9 @@ fn main() -> Result<(), String> {
             CounterKey::new("api", "per_user", 0, &limit, [("user_id", user.as_str())])
         })
         .collect();
-    let backend = MemoryBackend::new(Arc::new(ManualClock::new(1_700_006_400_000_000)));
+    let clock = Arc::new(ManualClock::new(1_700_006_400_000_000));
+    // A bound well above the count: nothing is evicted.
+    let backend = MemoryBackend::new(clock, 2 * counters);
 
     let before = resident_bytes()?;
     for key in &keys {

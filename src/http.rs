@@ -58,7 +58,7 @@ async fn rlconfig(State(state): State<HttpState>) -> String {
 }
 
 async fn metrics_page(State(state): State<HttpState>) -> Response {
-    let page = state.limiter.metrics().render(state.limiter.backend());
+    let page = (state.limiter.metrics()).render(state.limiter.backend(), state.limiter.memory());
     ([(CONTENT_TYPE, metrics::CONTENT_TYPE)], page).into_response()
 }
 

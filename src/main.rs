@@ -215,7 +215,10 @@ async fn serve(settings: Settings) -> anyhow::Result<()> {
         .load()
         .with_context(|| format!("loading rules from {}", settings.rules.display()))?;
     let clock = Arc::new(SystemClock);
-    let memory = Arc::new(MemoryBackend::new(clock.clone()));
+    let memory = Arc::new(MemoryBackend::new(
+        clock.clone(),
+        settings.memory_max_counters,
+    ));
     memory.spawn_sweeper(Duration::from_secs(10));
     let redis_options = RedisOptions {
         url: settings.redis_url.clone(),

@@ -93,6 +93,9 @@ pub struct Settings {
     /// rules in force are kept (a load briefly holds about 60 times what it parses).
     pub rules_max_bytes: u64,
     pub backend: BackendKind,
+    /// The most counters held in memory (the memory backend, and the `local` failure
+    /// policy's counters); past it a new counter takes the place of one expiring soon.
+    pub memory_max_counters: usize,
     /// `redis://[user:password@]host:port[/db]` for the redis backend (`rediss://` for TLS);
     /// for redis-cluster a comma-separated list of seed nodes; for redis-sentinel of sentinels.
     pub redis_url: String,
@@ -178,6 +181,7 @@ impl Default for Settings {
             rules_reload_interval_ms: 1000,
             rules_max_bytes: crate::rules::DEFAULT_RULES_MAX_BYTES,
             backend: BackendKind::Memory,
+            memory_max_counters: crate::backend::memory::DEFAULT_MAX_COUNTERS,
             redis_url: "redis://127.0.0.1:6379".into(),
             redis_username: None,
             redis_password: None,

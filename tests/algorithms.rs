@@ -7,6 +7,7 @@ use std::sync::Arc;
 
 use common::cases::{Case, cases};
 use floodgate::backend::MemoryBackend;
+use floodgate::backend::memory::DEFAULT_MAX_COUNTERS;
 use floodgate::clock::ManualClock;
 use floodgate::limiter::CounterKey;
 
@@ -26,7 +27,7 @@ fn case_names_are_unique() {
 /// Runs one case on a fresh backend and one counter; returns a line per step that differs.
 fn run(case: &Case) -> Vec<String> {
     let clock = Arc::new(ManualClock::new(0));
-    let backend = MemoryBackend::new(clock.clone());
+    let backend = MemoryBackend::new(clock.clone(), DEFAULT_MAX_COUNTERS);
     let key = CounterKey::new("cases", &case.name, 0, &case.limit, []);
     let mut failures = Vec::new();
     for (index, step) in case.steps.iter().enumerate() {

@@ -5,6 +5,7 @@ use std::sync::{Arc, Barrier};
 use std::thread;
 
 use floodgate::backend::MemoryBackend;
+use floodgate::backend::memory::DEFAULT_MAX_COUNTERS;
 use floodgate::clock::ManualClock;
 use floodgate::limiter::{Algorithm, CounterKey, Hits, Limit, Unit};
 
@@ -13,7 +14,7 @@ const THREADS: usize = 8;
 const NOW: u64 = 1_700_006_400_000_000;
 
 fn backend() -> MemoryBackend {
-    MemoryBackend::new(Arc::new(ManualClock::new(NOW)))
+    MemoryBackend::new(Arc::new(ManualClock::new(NOW)), DEFAULT_MAX_COUNTERS)
 }
 
 fn limit(algorithm: Algorithm, requests_per_hour: u32) -> Limit {

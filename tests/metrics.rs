@@ -444,3 +444,34 @@ descriptors:
     );
     assert_eq!(page.get("floodgate_backend_circuit_open", &[]), 0.0);
 }
+
+#[tokio::test]
+async fn counters_past_memory_max_counters_evict_and_say_so() {
+    let server = Floodgate::start_with_env(
+        &[("shop.yaml", RULES)],
+        &[],
+        &[("FLOODGATE_MEMORY_MAX_COUNTERS", "64")],
+    );
+    let page = scrape(&server).await;
+    assert_eq!(page.types["floodgate_memory_counters"], "gauge");
+    assert_eq!(page.get("floodgate_memory_counters", &[]), 0.0);
+    for i in 0..500 {
+        let user = request("shop", vec![descriptor(&[("user_id", &format!("u{i}"))])]);
+        assert_eq!(send(&server, &user, 1).await, [OK]);
+    }
+    let page = scrape(&server).await;
+    // At most about the bound: 64, rounded up to a multiple of the shard count.
+    let held = page.get("floodgate_memory_counters", &[]);
+    assert!((1.0..=256.0).contains(&held), "{held} counters");
+    let evicted = page.get("floodgate_memory_counters_evicted_total", &[]);
+    assert_eq!(
+        held + evicted,
+        500.0,
+        "every counter is held or was evicted"
+    );
+    // The newest counter is held: its second hit sees the first.
+    let last = request("shop", vec![costing("user_id", "u499", 0)]);
+    let mut client = server.client().await;
+    let response = client.should_rate_limit(last).await.expect("decision");
+    assert_eq!(response.get_ref().statuses[0].limit_remaining, 4);
+}

@@ -5,19 +5,27 @@
 //! nothing else, so hits on different counters rarely wait on each other and hits on one
 //! counter are serialized: exact under any concurrency. Idle counters expire, and a sweeper
 //! removes them, so memory follows the number of recently active counters.
+//!
+//! The number of counters is bounded (`memory_max_counters`), so a client sending a new value
+//! with every request cannot exhaust memory. Once a shard is full, a new counter takes the
+//! place of the one that expires first among a few picked at random (`bounded.rs`): an
+//! expired one when there is any, else a live one, which then starts over if it is hit again
+//! (an eviction, counted). In constant time, however many counters there are.
 
-use std::collections::HashMap;
 use std::hash::BuildHasher;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
 use std::time::Duration;
 
 use foldhash::fast::RandomState;
+use indexmap::IndexMap;
 
+use super::bounded::{Room, make_room};
 use crate::backend::CounterHit;
 use crate::clock::Clock;
 use crate::limiter::{Counter, CounterKey, Decision, Hits, Limit};
 
-type Counters = HashMap<CounterKey, Counter, RandomState>;
+type Counters = IndexMap<CounterKey, Counter, RandomState>;
 type Shard = Mutex<Counters>;
 
 /// Counters in process memory: sharded, exact under concurrency, idle counters expire.
@@ -29,21 +37,32 @@ pub struct MemoryBackend {
     shard_hasher: RandomState,
     /// `64 - log2(shards)`: the shard is the top bits of the key's hash.
     shard_shift: u32,
+    /// The most counters one shard holds.
+    per_shard: usize,
+    /// Live counters dropped to make room for new ones.
+    evicted: AtomicU64,
 }
 
+/// The default bound on counters held in memory (`memory_max_counters`).
+pub const DEFAULT_MAX_COUNTERS: usize = 1_000_000;
+
 impl MemoryBackend {
-    pub fn new(clock: Arc<dyn Clock>) -> Self {
+    /// A backend holding at most about `max_counters` counters (rounded up to a multiple of
+    /// the number of shards).
+    pub fn new(clock: Arc<dyn Clock>, max_counters: usize) -> Self {
         // Four shards per core keeps two cores' hits off one lock almost always; 16 at least.
         let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
         let count = (4 * cores).next_power_of_two().max(16);
         let shards = (0..count)
-            .map(|_| Mutex::new(HashMap::with_hasher(RandomState::default())))
+            .map(|_| Mutex::new(IndexMap::with_hasher(RandomState::default())))
             .collect();
         MemoryBackend {
             clock,
             shards,
             shard_hasher: RandomState::default(),
             shard_shift: 64 - count.trailing_zeros(),
+            per_shard: max_counters.div_ceil(count).max(1),
+            evicted: AtomicU64::new(0),
         }
     }
 
@@ -63,9 +82,23 @@ impl MemoryBackend {
         let mut counter = Counter::new();
         let decision = counter.hit(limit, now, hits);
         if counter.expires_at() > now {
+            self.make_room(&mut shard, now);
             shard.insert(key.clone(), counter);
         }
         decision
+    }
+
+    /// Makes room in a shard for one more counter (see the module's notes).
+    fn make_room(&self, shard: &mut Counters, now: u64) {
+        if make_room(shard, self.per_shard, now, Counter::expires_at) == Room::Evicted {
+            self.evicted.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    /// Live counters dropped so far to make room for new ones (each started over when next
+    /// hit): above zero, `memory_max_counters` is too small for the keys in use.
+    pub fn evicted(&self) -> u64 {
+        self.evicted.load(Ordering::Relaxed)
     }
 
     /// Applies every hit, in order, only if no binding hit is rejected; otherwise changes
@@ -207,11 +240,17 @@ impl LockedShards<'_> {
     /// Stores `counter` as `key`'s state; one as good as new is dropped.
     fn store(&mut self, key: CounterKey, counter: Counter, now: u64) {
         let at = self.position(&key);
+        let backend = self.backend;
         let shard = &mut self.guards[at].1;
         if counter.expires_at() > now {
-            shard.insert(key, counter);
+            if let Some(known) = shard.get_mut(&key) {
+                *known = counter;
+            } else {
+                backend.make_room(shard, now);
+                shard.insert(key, counter);
+            }
         } else {
-            shard.remove(&key);
+            shard.swap_remove(&key);
         }
     }
 }
@@ -267,11 +306,61 @@ mod tests {
 
     fn backend() -> (Arc<ManualClock>, MemoryBackend) {
         let clock = Arc::new(ManualClock::new(100 * SECOND));
-        (clock.clone(), MemoryBackend::new(clock))
+        (
+            clock.clone(),
+            MemoryBackend::new(clock, DEFAULT_MAX_COUNTERS),
+        )
     }
 
     fn key(name: &str) -> CounterKey {
         CounterKey::new("test", name, 0, &Limit::per(1, Unit::Second), [])
+    }
+
+    #[test]
+    fn a_full_backend_keeps_each_new_counter_in_place_of_another() {
+        let clock = Arc::new(ManualClock::new(100 * SECOND));
+        // One counter per shard.
+        let backend = MemoryBackend::new(clock.clone(), 1);
+        let limit = Limit::per(5, Unit::Minute);
+        let shards = backend.shards.len();
+        for i in 0..4 * shards {
+            let name = i.to_string();
+            backend.hit(&key(&name), &limit, Hits::take(1));
+            let now = backend.hit(&key(&name), &limit, Hits::take(0));
+            assert_eq!(now.remaining, 4, "the newest counter is kept");
+        }
+        assert!(backend.len() <= shards, "{} counters", backend.len());
+        assert!(
+            backend.evicted() >= 3 * shards as u64,
+            "{}",
+            backend.evicted()
+        );
+    }
+
+    #[test]
+    fn room_is_made_from_expired_counters_first_and_that_is_no_eviction() {
+        let clock = Arc::new(ManualClock::new(100 * SECOND));
+        let backend = MemoryBackend::new(clock.clone(), 1);
+        let limit = Limit::per(5, Unit::Second);
+        let shards = backend.shards.len();
+        // Fill every shard (and evict) with counters that expire within a second.
+        for i in 0..4 * shards {
+            backend.hit(&key(&i.to_string()), &limit, Hits::take(1));
+        }
+        let evicted = backend.evicted();
+        clock.advance(SECOND);
+        // The first new counter in a shard takes the place of its expired one: no eviction.
+        // Only a second one in the same shard evicts (the first, which is live).
+        let mut hit_shards = std::collections::HashSet::new();
+        for i in 0..shards {
+            let key = key(&format!("next-{i}"));
+            hit_shards.insert(backend.shard_index(&key));
+            backend.hit(&key, &limit, Hits::take(1));
+        }
+        assert_eq!(
+            backend.evicted() - evicted,
+            (shards - hit_shards.len()) as u64
+        );
     }
 
     #[test]

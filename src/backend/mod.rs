@@ -4,6 +4,7 @@
 //! `memory` is the embedded backend; `redis` keeps counters in Redis, shared by every
 //! replica.
 
+mod bounded;
 pub mod breaker;
 mod capacity;
 pub mod memory;

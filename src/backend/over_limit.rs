@@ -5,23 +5,26 @@
 //! unit of quota returns, every hit that costs something would be rejected, so the local
 //! answer is the one Redis would give. What this replica cannot see: another replica's
 //! give-back (`is_negative_hits`) returning quota early; a give-back through this replica
-//! forgets the entry. The cache is bounded: when full, expired entries are dropped, and if
-//! none has expired the new entry is not remembered.
+//! forgets the entry. The cache is bounded: when full, a new entry takes the place of the one
+//! that expires first among a few picked at random (`bounded.rs`), in constant time.
 
-use std::collections::HashMap;
 use std::hash::BuildHasher;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use foldhash::fast::RandomState;
+use indexmap::IndexMap;
 
+use super::bounded::make_room;
 use crate::clock::Clock;
 use crate::limiter::{CounterKey, Decision, Hits};
 
 const SHARDS: usize = 16;
 
+type Entries = IndexMap<CounterKey, u64, RandomState>;
+
 /// Exhausted counters and when each gets quota back (µs since the epoch).
 pub struct OverLimitCache {
-    shards: Box<[Mutex<HashMap<CounterKey, u64, RandomState>>]>,
+    shards: Box<[Mutex<Entries>]>,
     hasher: RandomState,
     capacity_per_shard: usize,
     clock: Arc<dyn Clock>,
@@ -32,7 +35,7 @@ impl OverLimitCache {
     pub fn new(capacity: usize, clock: Arc<dyn Clock>) -> Self {
         OverLimitCache {
             shards: (0..SHARDS)
-                .map(|_| Mutex::new(HashMap::with_hasher(RandomState::default())))
+                .map(|_| Mutex::new(IndexMap::with_hasher(RandomState::default())))
                 .collect(),
             hasher: RandomState::default(),
             capacity_per_shard: capacity.div_ceil(SHARDS),
@@ -48,7 +51,7 @@ impl OverLimitCache {
         }
         let mut shard = self.shard(key);
         if hits.negative {
-            shard.remove(key);
+            shard.swap_remove(key);
             return None;
         }
         if hits.amount == 0 {
@@ -57,7 +60,7 @@ impl OverLimitCache {
         let until = *shard.get(key)?;
         let now = self.clock.now_micros();
         if until <= now {
-            shard.remove(key);
+            shard.swap_remove(key);
             return None;
         }
         Some(Decision {
@@ -77,14 +80,14 @@ impl OverLimitCache {
             return;
         }
         let now = self.clock.now_micros();
+        let until = now.saturating_add(decision.reset_micros);
         let mut shard = self.shard(key);
-        if shard.len() >= self.capacity_per_shard && !shard.contains_key(key) {
-            shard.retain(|_, until| *until > now);
-            if shard.len() >= self.capacity_per_shard {
-                return;
-            }
+        if let Some(known) = shard.get_mut(key) {
+            *known = until;
+            return;
         }
-        shard.insert(key.clone(), now.saturating_add(decision.reset_micros));
+        make_room(&mut shard, self.capacity_per_shard, now, |until| *until);
+        shard.insert(key.clone(), until);
     }
 
     /// Forgets every counter: after a rule reload a limit may have been raised, and a counter
@@ -104,7 +107,7 @@ impl OverLimitCache {
         self.len() == 0
     }
 
-    fn shard(&self, key: &CounterKey) -> MutexGuard<'_, HashMap<CounterKey, u64, RandomState>> {
+    fn shard(&self, key: &CounterKey) -> MutexGuard<'_, Entries> {
         let index = usize::try_from(self.hasher.hash_one(key)).unwrap_or(0) % SHARDS;
         lock(&self.shards[index])
     }
@@ -172,15 +175,17 @@ mod tests {
     }
 
     #[test]
-    fn a_full_cache_makes_room_only_from_expired_entries() {
-        let (clock, cache) = cache(SHARDS);
+    fn a_full_cache_takes_each_new_key_in_place_of_another() {
+        let (_, cache) = cache(SHARDS);
         for i in 0..10 * SHARDS {
-            cache.observe(&key(&i.to_string()), &exhausted(100));
+            let key = key(&i.to_string());
+            cache.observe(&key, &exhausted(100));
+            assert!(
+                cache.answer(&key, Hits::take(1)).is_some(),
+                "the newest is kept"
+            );
         }
         assert!(cache.len() <= SHARDS, "{}", cache.len());
-        clock.advance(100);
-        cache.observe(&key("fresh"), &exhausted(100));
-        assert!(cache.answer(&key("fresh"), Hits::take(1)).is_some());
     }
 
     #[test]

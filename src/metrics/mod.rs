@@ -24,7 +24,7 @@ pub use rule_stats::{Counter, Judged, MAX_REQUEST_LABELLED_SERIES, RuleStats, St
 use exposition::{Exposition, Kind};
 use rule_stats::{RuleRegistry, SeriesLabels};
 
-use crate::backend::{Backend, BackendError};
+use crate::backend::{Backend, BackendError, MemoryBackend};
 use crate::limiter::Decision;
 use crate::proto::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry;
 use crate::rules::Rule;
@@ -117,12 +117,13 @@ impl Metrics {
         self.rules.request_labelled((domain.to_owned(), path))
     }
 
-    /// The whole page: these counts, and the backend's.
-    pub fn render(&self, backend: &Backend) -> String {
+    /// The whole page: these counts, the backend's and those of the counters in memory.
+    pub fn render(&self, backend: &Backend, memory: &MemoryBackend) -> String {
         let mut page = Exposition::default();
         self.render_rules(&mut page);
         self.render_service(&mut page);
         render_backend(&mut page, backend);
+        render_memory(&mut page, memory);
         page.finish()
     }
 
@@ -264,6 +265,20 @@ fn render_backend(page: &mut Exposition, backend: &Backend) {
     let help = "Exhausted counters remembered by the over-limit cache.";
     page.family(name, Kind::Gauge, help);
     page.sample(name, &[], backend.over_limit_cache_len());
+}
+
+fn render_memory(page: &mut Exposition, memory: &MemoryBackend) {
+    let name = "floodgate_memory_counters";
+    let help = "Counters held in process memory (the memory backend's, or the local failure \
+                policy's), at most about memory_max_counters.";
+    page.family(name, Kind::Gauge, help);
+    page.sample(name, &[], memory.len());
+
+    let name = "floodgate_memory_counters_evicted_total";
+    let help = "Live counters dropped to make room for new ones once memory_max_counters was \
+                reached; each starts over if hit again. Above zero, raise the setting.";
+    page.family(name, Kind::Counter, help);
+    page.sample(name, &[], memory.evicted());
 }
 
 /// The labels of a configured rule's series: its domain and its path's segments.

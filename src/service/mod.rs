@@ -145,6 +145,12 @@ impl RateLimiter {
         &self.backend
     }
 
+    /// The counters this process holds: the memory backend's, or with a remote backend those
+    /// of `on_backend_error: local`.
+    pub fn memory(&self) -> &MemoryBackend {
+        &self.local
+    }
+
     /// The rules in force.
     pub fn rules(&self) -> Arc<RuleSet> {
         self.rules.load_full()
@@ -367,7 +373,10 @@ mod future_size {
             .build()
             .expect("runtime");
         let _entered = runtime.enter();
-        let memory = Arc::new(MemoryBackend::new(Arc::new(SystemClock)));
+        let memory = Arc::new(MemoryBackend::new(
+            Arc::new(SystemClock),
+            crate::backend::memory::DEFAULT_MAX_COUNTERS,
+        ));
         let limiter = super::RateLimiter::new(
             RuleSet::from_sources(&[]).expect("no rules"),
             Backend::memory(memory.clone()),
