@@ -10,6 +10,7 @@ pub mod bench;
 pub mod clock;
 pub mod http;
 pub mod limiter;
+pub mod listener;
 pub mod metrics;
 pub mod proto;
 pub mod query;

@@ -209,6 +209,14 @@ fn check_config(dir: &std::path::Path, max_bytes: u64) -> ExitCode {
 }
 
 async fn serve(settings: Settings) -> anyhow::Result<()> {
+    // Every client connection is a file descriptor: take all the kernel allows.
+    match floodgate::listener::raise_open_files_limit() {
+        Ok((before, after)) if after > before => {
+            tracing::info!(before, after, "raised the open files limit");
+        }
+        Ok(_) => {}
+        Err(error) => tracing::warn!("could not raise the open files limit: {error}"),
+    }
     // The files read here are what later reloads compare the directory with.
     let rule_files = RuleFiles::read(&settings.rules, settings.rules_max_bytes);
     let rules = rule_files
@@ -284,7 +292,13 @@ async fn serve(settings: Settings) -> anyhow::Result<()> {
         rule_files,
         limiter.clone(),
     );
-    let mut running = server::start(limiter, settings.grpc_addr, settings.http_addr).await?;
+    let mut running = server::start(
+        limiter,
+        settings.grpc_addr,
+        settings.http_addr,
+        settings.connection_limits,
+    )
+    .await?;
     let reload_interval = (settings.rules_reload_interval_ms > 0)
         .then(|| Duration::from_millis(settings.rules_reload_interval_ms));
     reloader.spawn(reload_interval, hangups);

@@ -1,26 +1,38 @@
 //! The server's lifecycle: bind both listeners, serve gRPC (rate limit, health, reflection)
 //! and HTTP, keep health in line with the backend, and on shutdown turn health NOT_SERVING,
 //! let in-flight requests finish within the grace period, then stop.
+//!
+//! Both ports hold their clients to [`ConnectionLimits`]: the handshake and idle timeouts of
+//! every accepted connection (`listener.rs`), HTTP/2 keep-alive pings and a stream limit,
+//! HTTP/1's header timeout, and a bound on each request's time, body included.
 
+use std::convert::Infallible;
 use std::net::SocketAddr;
-use std::pin::Pin;
+use std::pin::{Pin, pin};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
 use anyhow::Context as _;
+use axum::Router;
+use axum::response::IntoResponse;
 use futures_util::Stream;
+use hyper::body::Incoming;
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use hyper_util::server::conn::auto;
+use hyper_util::server::graceful::GracefulShutdown;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
-use tonic::transport::server::TcpIncoming;
 
 use crate::http::{self, HttpState};
+use crate::listener::{Acceptor, Timeouts};
 use crate::proto::FILE_DESCRIPTOR_SET;
 use crate::proto::envoy::service::ratelimit::v3::rate_limit_service_server::RateLimitServiceServer;
 use crate::service::RateLimiter;
 use crate::service::grpc::GrpcService;
+use crate::settings::ConnectionLimits;
 
 /// A server that is accepting requests.
 pub struct RunningServer {
@@ -44,11 +56,13 @@ const OVERLOAD_CONNECTION_WINDOW: u32 = 16 << 20;
 /// rapid-reset guard; hyper's default is 20).
 const OVERLOAD_PENDING_RESETS: usize = 1024;
 
-/// Binds `grpc_addr` and `http_addr` (port 0 picks a free port) and starts serving.
+/// Binds `grpc_addr` and `http_addr` (port 0 picks a free port) and starts serving, each
+/// connection held to `limits`.
 pub async fn start(
     limiter: Arc<RateLimiter>,
     grpc_addr: SocketAddr,
     http_addr: SocketAddr,
+    limits: ConnectionLimits,
 ) -> anyhow::Result<RunningServer> {
     let grpc_listener = TcpListener::bind(grpc_addr)
         .await
@@ -71,6 +85,11 @@ pub async fn start(
     let (stop, stopped) = watch::channel(false);
     let ready = Arc::new(AtomicBool::new(true));
     let watcher = tokio::spawn(watch_backend(limiter.clone(), health.clone()));
+    let timeouts = Timeouts {
+        handshake: millis(limits.handshake_timeout_ms),
+        idle: millis(limits.idle_timeout_ms),
+    };
+    let keepalive = millis(limits.keepalive_interval_ms);
     let grpc = tonic::transport::Server::builder()
         // Under overload, answers fall behind and clients cancel the requests they stopped
         // waiting for; h2 answers 20 such resets, or a connection window's worth of unread
@@ -78,6 +97,10 @@ pub async fn start(
         // request on the connection, Envoy's included. Allow a load's worth of both.
         .initial_connection_window_size(Some(OVERLOAD_CONNECTION_WINDOW))
         .http2_max_pending_accept_reset_streams(Some(OVERLOAD_PENDING_RESETS))
+        .max_concurrent_streams(limits.max_concurrent_streams)
+        .http2_keepalive_interval(Some(keepalive))
+        .http2_keepalive_timeout(Some(keepalive))
+        .timeout(millis(limits.request_timeout_ms))
         .add_service(health_service)
         .add_service(reflection)
         .add_service(RateLimitServiceServer::new(GrpcService(limiter.clone())))
@@ -86,24 +109,25 @@ pub async fn start(
         // but keep the listener bound until the last connection closed.
         .serve_with_incoming_shutdown(
             UntilStopped::new(
-                TcpIncoming::from(grpc_listener).with_nodelay(Some(true)),
+                Acceptor::new("grpc", grpc_listener, timeouts),
                 wait_for_stop(stopped.clone()),
             ),
             std::future::pending::<()>(),
         );
-    let http = axum::serve(
-        http_listener,
-        http::router(HttpState {
-            limiter,
-            ready: ready.clone(),
-        }),
-    )
-    .with_graceful_shutdown(wait_for_stop(stopped));
+    let router = http::router(HttpState {
+        limiter,
+        ready: ready.clone(),
+    });
+    let http = serve_http(
+        Acceptor::new("http", http_listener, timeouts),
+        router,
+        limits,
+        wait_for_stop(stopped),
+    );
 
     let tasks = tokio::spawn(async move {
-        let (grpc, http) = tokio::join!(grpc, http);
+        let (grpc, ()) = tokio::join!(grpc, http);
         grpc.context("gRPC server")?;
-        http.context("HTTP server")?;
         Ok(())
     });
     Ok(RunningServer {
@@ -115,6 +139,70 @@ pub async fn start(
         tasks,
         watcher,
     })
+}
+
+fn millis(ms: u64) -> Duration {
+    Duration::from_millis(ms)
+}
+
+/// Serves HTTP/1 and HTTP/2 on `acceptor` until `stopped`, then closes the listener and lets
+/// open connections finish their requests.
+async fn serve_http(
+    mut acceptor: Acceptor,
+    router: Router,
+    limits: ConnectionLimits,
+    stopped: impl Future<Output = ()>,
+) {
+    let keepalive = millis(limits.keepalive_interval_ms);
+    let mut builder = auto::Builder::new(TokioExecutor::new());
+    builder
+        .http1()
+        .timer(TokioTimer::new())
+        .header_read_timeout(millis(limits.handshake_timeout_ms));
+    builder
+        .http2()
+        .timer(TokioTimer::new())
+        .max_concurrent_streams(limits.max_concurrent_streams)
+        .keep_alive_interval(keepalive)
+        .keep_alive_timeout(keepalive);
+    let request_timeout = millis(limits.request_timeout_ms);
+    let graceful = GracefulShutdown::new();
+    let mut stopped = pin!(stopped);
+    loop {
+        let io = tokio::select! {
+            io = acceptor.accept() => io,
+            () = &mut stopped => break,
+        };
+        let router = router.clone();
+        let service = hyper::service::service_fn(move |request: hyper::Request<Incoming>| {
+            let mut router = router.clone();
+            async move {
+                let request = request.map(axum::body::Body::new);
+                let answer = tokio::time::timeout(
+                    request_timeout,
+                    tower::Service::call(&mut router, request),
+                );
+                Ok::<_, Infallible>(match answer.await {
+                    Ok(Ok(response)) => response,
+                    Err(_) => (
+                        axum::http::StatusCode::REQUEST_TIMEOUT,
+                        "the request took longer than connection_limits.request_timeout_ms\n",
+                    )
+                        .into_response(),
+                    Ok(Err(never)) => match never {},
+                })
+            }
+        });
+        let connection = builder.serve_connection_with_upgrades(TokioIo::new(io), service);
+        let connection = graceful.watch(connection.into_owned());
+        tokio::spawn(async move {
+            if let Err(error) = connection.await {
+                tracing::debug!("HTTP connection closed: {error}");
+            }
+        });
+    }
+    drop(acceptor);
+    graceful.shutdown().await;
 }
 
 /// Turns health NOT_SERVING while the backend fails (its circuit is open) and SERVING when

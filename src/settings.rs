@@ -79,6 +79,39 @@ impl Default for RequestLimits {
     }
 }
 
+/// Bounds on a client connection, on both ports, so no client can hold one (a file
+/// descriptor, and the memory of its streams) without using it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ConnectionLimits {
+    /// A new connection must send its first 24 bytes (an HTTP/2 preface) within this, and an
+    /// HTTP/1 request its headers.
+    pub handshake_timeout_ms: u64,
+    /// A connection that sends nothing for this long is closed. Idle HTTP/2 peers are
+    /// pinged every `keepalive_interval_ms`, so only a dead or silent one reaches it.
+    pub idle_timeout_ms: u64,
+    /// HTTP/2 pings on a connection with nothing to read; a ping unanswered for as long
+    /// closes it.
+    pub keepalive_interval_ms: u64,
+    /// The most one request may take, its body included (HTTP: 408; gRPC: CANCELLED).
+    pub request_timeout_ms: u64,
+    /// Streams (requests in flight) one HTTP/2 connection may have open; clients open more
+    /// connections beyond it (Envoy's connection pool does).
+    pub max_concurrent_streams: u32,
+}
+
+impl Default for ConnectionLimits {
+    fn default() -> Self {
+        ConnectionLimits {
+            handshake_timeout_ms: 10_000,
+            idle_timeout_ms: 300_000,
+            keepalive_interval_ms: 30_000,
+            request_timeout_ms: 10_000,
+            max_concurrent_streams: 1024,
+        }
+    }
+}
+
 /// Everything `floodgate serve` can be told.
 #[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -145,6 +178,7 @@ pub struct Settings {
     /// What a rule without `on_backend_error` does when its backend fails.
     pub on_backend_error: OnBackendErrorSetting,
     pub request_limits: RequestLimits,
+    pub connection_limits: ConnectionLimits,
     pub log_format: LogFormat,
     /// Seconds in-flight requests get to finish after SIGTERM/SIGINT.
     pub shutdown_grace: u64,
@@ -203,6 +237,7 @@ impl Default for Settings {
             dynamic_metadata: false,
             on_backend_error: OnBackendErrorSetting::Error,
             request_limits: RequestLimits::default(),
+            connection_limits: ConnectionLimits::default(),
             log_format: LogFormat::Text,
             shutdown_grace: 10,
         }
@@ -279,6 +314,24 @@ impl Settings {
             return Err(config::ConfigError::Message(format!(
                 "near_limit_ratio must be between 0 and 1, got {}",
                 settings.near_limit_ratio
+            )));
+        }
+        let limits = &settings.connection_limits;
+        let zero = [
+            ("handshake_timeout_ms", limits.handshake_timeout_ms),
+            ("idle_timeout_ms", limits.idle_timeout_ms),
+            ("keepalive_interval_ms", limits.keepalive_interval_ms),
+            ("request_timeout_ms", limits.request_timeout_ms),
+            (
+                "max_concurrent_streams",
+                limits.max_concurrent_streams.into(),
+            ),
+        ]
+        .into_iter()
+        .find(|(_, value)| *value == 0);
+        if let Some((name, _)) = zero {
+            return Err(config::ConfigError::Message(format!(
+                "connection_limits.{name} must be above 0"
             )));
         }
         Ok(settings)

@@ -61,26 +61,6 @@ async fn wait_for_limit(server: &Floodgate, domain: &str, limit: u32) -> u32 {
 }
 
 /// Waits until the server's log holds `text`.
-async fn wait_for_log(server: &Floodgate, text: &str) -> String {
-    wait_for_log_count(server, text, 1).await
-}
-
-/// Waits until `text` is in the log `count` times.
-async fn wait_for_log_count(server: &Floodgate, text: &str, count: usize) -> String {
-    let start = Instant::now();
-    loop {
-        let stderr = server.stderr();
-        if stderr.matches(text).count() >= count {
-            return stderr;
-        }
-        assert!(
-            start.elapsed() < DEADLINE,
-            "no {text:?} in the log:\n{stderr}"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-}
-
 async fn hits(server: &Floodgate, n: usize) -> Vec<i32> {
     let mut codes = Vec::with_capacity(n);
     for _ in 0..n {
@@ -129,7 +109,7 @@ async fn a_new_rule_file_adds_its_domain() {
     write(server.rules_dir.path(), "web.yaml", &web);
     assert_eq!(wait_for_limit(&server, "web", 4).await, 4);
     assert_eq!(quota(&server, "api").await, Some((5, 5)));
-    let log = wait_for_log(&server, "rules reloaded").await;
+    let log = server.wait_for_log("rules reloaded");
     assert!(log.contains("domains=2 rules=2"), "{log}");
 }
 
@@ -141,7 +121,7 @@ async fn a_bad_change_is_rejected_and_the_old_rules_keep_counting() {
     let bad = api_rules(5).replace("requests_per_unit: 5", "requests_per_unit: lots");
     write(server.rules_dir.path(), "api.yaml", &bad);
     let file = server.rules_dir.path().join("api.yaml");
-    let log = wait_for_log(&server, "rules not reloaded").await;
+    let log = server.wait_for_log("rules not reloaded");
     let named = format!(
         "{}:4: domain api > user: rate_limit.requests_per_unit",
         file.display()
@@ -171,7 +151,7 @@ async fn a_rule_file_replaced_by_a_dangling_link_is_rejected_and_its_domain_kept
     std::fs::remove_file(&file).expect("remove the rule file");
     std::os::unix::fs::symlink(server.rules_dir.path().join("gone.yaml"), &file)
         .expect("a dangling link in its place");
-    let log = wait_for_log(&server, "rules not reloaded").await;
+    let log = server.wait_for_log("rules not reloaded");
     assert!(
         log.contains(&format!("{}", file.display())) && log.contains("cannot read the rule file"),
         "{log}"
@@ -195,7 +175,7 @@ async fn a_rule_file_nested_too_deep_or_too_big_is_rejected_and_the_server_lives
     // replica mounting the file.
     let deep = format!("{}metadata:\n{}x\n", api_rules(5), "- ".repeat(3_000));
     write(server.rules_dir.path(), "api.yaml", &deep[..4000]);
-    let log = wait_for_log(&server, "rules not reloaded").await;
+    let log = server.wait_for_log("rules not reloaded");
     assert!(
         log.contains(&format!(
             "{}:6: (file): invalid YAML: nested 101 levels",
@@ -205,7 +185,7 @@ async fn a_rule_file_nested_too_deep_or_too_big_is_rejected_and_the_server_lives
     );
 
     write(server.rules_dir.path(), "api.yaml", &deep);
-    let log = wait_for_log_count(&server, "rules not reloaded", 2).await;
+    let log = server.wait_for_log_count("rules not reloaded", 2);
     assert!(log.contains("above rules_max_bytes (4096)"), "{log}");
 
     // Alive, and still on the rules it had.
@@ -300,7 +280,7 @@ async fn sighup_reloads_when_the_timer_is_off() {
         .expect("kill runs");
     assert!(sent.success());
     assert_eq!(wait_for_limit(&server, "api", 10).await, 8);
-    wait_for_log(&server, "SIGHUP: reloading the rules").await;
+    server.wait_for_log("SIGHUP: reloading the rules");
 
     // Off the runtime, so the test's closing connections can finish while it waits.
     let (status, log) = tokio::task::spawn_blocking(move || server.terminate())

@@ -85,9 +85,20 @@ impl Floodgate {
         flags: &[&str],
         env: &[(&str, &str)],
     ) -> Floodgate {
+        Self::start_wrapped(&[], rules, flags, env)
+    }
+
+    /// [`Floodgate::start_with_env`] with the binary run through `prefix` (a program and its
+    /// arguments, e.g. `prlimit --nofile=64:64 --`).
+    pub fn start_wrapped(
+        prefix: &[&str],
+        rules: &[(&str, &str)],
+        flags: &[&str],
+        env: &[(&str, &str)],
+    ) -> Floodgate {
         let rules_dir = write_rules(rules);
         let log = std::fs::File::create(rules_dir.path().join(".stderr")).expect("log file");
-        let mut child = command()
+        let mut child = wrapped(prefix)
             .args([
                 "serve",
                 "--grpc-addr",
@@ -133,6 +144,27 @@ impl Floodgate {
     /// What the server wrote to stderr so far.
     pub fn stderr(&self) -> String {
         std::fs::read_to_string(self.rules_dir.path().join(".stderr")).unwrap_or_default()
+    }
+
+    /// Waits (up to 10 s) until `text` is in the server's log `count` times; the log.
+    pub fn wait_for_log_count(&self, text: &str, count: usize) -> String {
+        let start = std::time::Instant::now();
+        loop {
+            let log = self.stderr();
+            if log.matches(text).count() >= count {
+                return log;
+            }
+            assert!(
+                start.elapsed() < Duration::from_secs(10),
+                "no {text:?} ({count}×) in the log:\n{log}"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// Waits until `text` is in the server's log; the log.
+    pub fn wait_for_log(&self, text: &str) -> String {
+        self.wait_for_log_count(text, 1)
     }
 
     pub fn pid(&self) -> u32 {
@@ -189,7 +221,19 @@ impl Drop for Floodgate {
 
 /// The binary with a clean environment: no FLOODGATE_* from the caller leaks in.
 pub fn command() -> Command {
-    let mut command = Command::new(BINARY);
+    wrapped(&[])
+}
+
+/// [`command`], run through `prefix` (a program and its arguments) when there is one.
+pub fn wrapped(prefix: &[&str]) -> Command {
+    let mut command = match prefix.split_first() {
+        Some((program, arguments)) => {
+            let mut command = Command::new(program);
+            command.args(arguments).arg(BINARY);
+            command
+        }
+        None => Command::new(BINARY),
+    };
     for (name, _) in std::env::vars() {
         if name.starts_with("FLOODGATE_") {
             command.env_remove(name);

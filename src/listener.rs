@@ -1,0 +1,355 @@
+//! What both listeners accept: TCP connections that must earn the file descriptor they hold.
+//!
+//! A connection is a file descriptor, and the process has a limited number of them. Left
+//! alone, a client that connects and sends nothing, one that trickles a request's headers a
+//! byte at a time, or one that vanished without a FIN holds its descriptor forever; enough
+//! of them and every new client, `/healthz` included, is refused. So every accepted
+//! connection is [`Guarded`]: it must send its first 24 bytes (an HTTP/2 client's whole
+//! preface, the start of an HTTP/1 request) within the handshake timeout, and a connection
+//! that sends nothing for the idle timeout is closed. HTTP/2 peers are pinged while idle, so a live client always
+//! answers something and only a dead or silent one is cut. The rest of a connection's bounds
+//! (streams, headers, request time) are set where it is served (`server.rs`).
+//!
+//! Accepting itself can fail: at the descriptor limit (`EMFILE`) the listener stays readable
+//! and an accept loop that retries at once spins a core doing nothing. The [`Acceptor`] waits
+//! instead, from 5 ms doubling to a second while the errors last, so the descriptors held can
+//! close; and the soft descriptor limit is raised to the hard one at start-up
+//! ([`raise_open_files_limit`]).
+
+use std::future::Future;
+use std::io;
+use std::pin::Pin;
+use std::task::{Context, Poll, ready};
+use std::time::Duration;
+
+use futures_util::Stream;
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::time::{Instant, Sleep};
+
+/// How long a connection may go without sending anything.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Timeouts {
+    /// From accept to the connection's first [`HANDSHAKE_BYTES`].
+    pub handshake: Duration,
+    /// Between any two reads that bring bytes, once those have come.
+    pub idle: Duration,
+}
+
+/// What a connection must send within the handshake timeout: the length of the HTTP/2
+/// client preface.
+pub const HANDSHAKE_BYTES: usize = 24;
+
+/// A connection closed for silence: what its reads fail with.
+fn silent(handshake: bool) -> io::Error {
+    let what = if handshake {
+        "no bytes within the handshake timeout"
+    } else {
+        "no bytes within the idle timeout"
+    };
+    io::Error::new(io::ErrorKind::TimedOut, what)
+}
+
+/// A connection that fails its reads once it has been silent too long (see the module).
+pub struct Guarded<IO> {
+    io: IO,
+    timeouts: Timeouts,
+    /// Fires when the connection has been silent for its current timeout; re-armed lazily,
+    /// from `last_read`, so a busy connection does not touch the timer on every read.
+    deadline: Pin<Box<Sleep>>,
+    /// Bytes read, counted up to [`HANDSHAKE_BYTES`].
+    received: usize,
+    last_read: Instant,
+}
+
+impl<IO> Guarded<IO> {
+    pub fn new(io: IO, timeouts: Timeouts) -> Self {
+        Guarded {
+            io,
+            timeouts,
+            deadline: Box::pin(tokio::time::sleep(timeouts.handshake)),
+            received: 0,
+            last_read: Instant::now(),
+        }
+    }
+
+    /// `Err` once the connection has been silent for its whole timeout; otherwise the
+    /// deadline is armed to wake the reader when it would be.
+    fn check(&mut self, cx: &mut Context<'_>) -> io::Result<()> {
+        loop {
+            if self.deadline.as_mut().poll(cx).is_pending() {
+                return Ok(());
+            }
+            if self.received < HANDSHAKE_BYTES {
+                return Err(silent(true));
+            }
+            let idle_until = self.last_read + self.timeouts.idle;
+            if idle_until <= Instant::now() {
+                return Err(silent(false));
+            }
+            self.deadline.as_mut().reset(idle_until);
+        }
+    }
+}
+
+impl<IO: AsyncRead + Unpin> AsyncRead for Guarded<IO> {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        let this = &mut *self;
+        // A peer trickling bytes never leaves the read pending: look at the deadline first.
+        if this.deadline.is_elapsed() {
+            this.check(cx)?;
+        }
+        let before = buf.filled().len();
+        match Pin::new(&mut this.io).poll_read(cx, buf) {
+            Poll::Ready(Ok(())) => {
+                let read = buf.filled().len() - before;
+                if read > 0 {
+                    let now = Instant::now();
+                    if this.received < HANDSHAKE_BYTES {
+                        this.received += read;
+                        if this.received >= HANDSHAKE_BYTES {
+                            // The handshake deadline gives way to the idle one.
+                            this.deadline.as_mut().reset(now + this.timeouts.idle);
+                        }
+                    }
+                    this.last_read = now;
+                }
+                Poll::Ready(Ok(()))
+            }
+            Poll::Ready(Err(e)) => Poll::Ready(Err(e)),
+            Poll::Pending => {
+                this.check(cx)?;
+                Poll::Pending
+            }
+        }
+    }
+}
+
+impl<IO: AsyncWrite + Unpin> AsyncWrite for Guarded<IO> {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.io).poll_write(cx, buf)
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.io).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.io).poll_shutdown(cx)
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.io).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.io.is_write_vectored()
+    }
+}
+
+impl tonic::transport::server::Connected for Guarded<TcpStream> {
+    type ConnectInfo = tonic::transport::server::TcpConnectInfo;
+
+    fn connect_info(&self) -> Self::ConnectInfo {
+        self.io.connect_info()
+    }
+}
+
+/// Back-off after a failed accept: from the first wait, doubling, up to the last.
+const ACCEPT_BACKOFF: (Duration, Duration) = (Duration::from_millis(5), Duration::from_secs(1));
+
+/// A listener's accepted connections, guarded, with no-delay set; accept errors wait and
+/// retry (see the module) and are logged at most once per back-off series.
+pub struct Acceptor {
+    /// The port's name in the log: `grpc` or `http`.
+    name: &'static str,
+    listener: TcpListener,
+    timeouts: Timeouts,
+    /// While accepting fails: the wait before the next try, and the current wait.
+    backoff: Option<(Duration, Pin<Box<Sleep>>)>,
+}
+
+impl Acceptor {
+    pub fn new(name: &'static str, listener: TcpListener, timeouts: Timeouts) -> Self {
+        Acceptor {
+            name,
+            listener,
+            timeouts,
+            backoff: None,
+        }
+    }
+
+    /// The next connection; waits out accept errors instead of returning them.
+    pub fn poll_accept(&mut self, cx: &mut Context<'_>) -> Poll<Guarded<TcpStream>> {
+        loop {
+            if let Some((_, wait)) = &mut self.backoff {
+                ready!(wait.as_mut().poll(cx));
+            }
+            match ready!(self.listener.poll_accept(cx)) {
+                Ok((stream, _)) => {
+                    self.backoff = None;
+                    // Small answers go out at once; a failure here only costs latency.
+                    let _ = stream.set_nodelay(true);
+                    return Poll::Ready(Guarded::new(stream, self.timeouts));
+                }
+                // The client gave up before we accepted: nothing is wrong with the listener.
+                Err(e) if is_connection_error(&e) => {}
+                Err(e) => {
+                    let next = match &self.backoff {
+                        None => {
+                            tracing::error!(
+                                port = self.name,
+                                "accepting a connection failed, waiting before trying again: {e}"
+                            );
+                            ACCEPT_BACKOFF.0
+                        }
+                        Some((last, _)) => (*last * 2).min(ACCEPT_BACKOFF.1),
+                    };
+                    self.backoff = Some((next, Box::pin(tokio::time::sleep(next))));
+                }
+            }
+        }
+    }
+
+    /// The next connection (see [`poll_accept`](Self::poll_accept)).
+    pub async fn accept(&mut self) -> Guarded<TcpStream> {
+        std::future::poll_fn(|cx| self.poll_accept(cx)).await
+    }
+}
+
+impl Stream for Acceptor {
+    type Item = io::Result<Guarded<TcpStream>>;
+
+    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        self.poll_accept(cx).map(|io| Some(Ok(io)))
+    }
+}
+
+fn is_connection_error(e: &io::Error) -> bool {
+    matches!(
+        e.kind(),
+        io::ErrorKind::ConnectionRefused
+            | io::ErrorKind::ConnectionAborted
+            | io::ErrorKind::ConnectionReset
+    )
+}
+
+/// Raises the soft limit on open files to the hard limit (containers often start with a
+/// soft limit of 1,024 under a hard one of a million); returns (before, after). Each
+/// connection is a descriptor, so the soft limit is the most clients a replica can hold.
+pub fn raise_open_files_limit() -> io::Result<(u64, u64)> {
+    let mut limit = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit writes one rlimit through a pointer to a live, writable one.
+    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    let before = limit.rlim_cur;
+    if limit.rlim_cur < limit.rlim_max {
+        limit.rlim_cur = limit.rlim_max;
+        // SAFETY: setrlimit reads one rlimit through a pointer to a live one.
+        if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &limit) } != 0 {
+            return Err(io::Error::last_os_error());
+        }
+    }
+    Ok((before, limit.rlim_cur))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    const TIMEOUTS: Timeouts = Timeouts {
+        handshake: Duration::from_millis(100),
+        idle: Duration::from_millis(300),
+    };
+
+    /// A guarded server end and its client.
+    async fn pair() -> (Guarded<TcpStream>, TcpStream) {
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let client = TcpStream::connect(listener.local_addr().expect("addr"));
+        let mut acceptor = Acceptor::new("test", listener, TIMEOUTS);
+        let (server, client) = tokio::join!(acceptor.accept(), client);
+        (server, client.expect("connect"))
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_connection_that_never_speaks_is_closed_at_the_handshake_timeout() {
+        let (mut server, _client) = pair().await;
+        let start = Instant::now();
+        let error = server.read(&mut [0; 16]).await.expect_err("timed out");
+        assert_eq!(error.kind(), io::ErrorKind::TimedOut);
+        assert!(error.to_string().contains("handshake"), "{error}");
+        assert_eq!(start.elapsed(), TIMEOUTS.handshake);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_handshake_trickled_a_byte_at_a_time_is_cut_at_the_handshake_timeout() {
+        let (mut server, mut client) = pair().await;
+        let start = Instant::now();
+        let mut buf = [0; 16];
+        let error = loop {
+            client.write_all(b"P").await.expect("write");
+            match server.read(&mut buf).await {
+                Ok(read) => assert_eq!(read, 1),
+                Err(error) => break error,
+            }
+            tokio::time::sleep(Duration::from_millis(30)).await;
+        };
+        assert!(error.to_string().contains("handshake"), "{error}");
+        // Bytes came at 0, 30, 60 and 90 ms; the one at 120 ms is past the deadline.
+        assert_eq!(start.elapsed(), Duration::from_millis(120));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn bytes_keep_a_connection_open_and_silence_closes_it_after_the_idle_timeout() {
+        let (mut server, mut client) = pair().await;
+        let mut buf = [0; 64];
+        client
+            .write_all(&[b'x'; HANDSHAKE_BYTES])
+            .await
+            .expect("write");
+        assert_eq!(server.read(&mut buf).await.expect("read"), HANDSHAKE_BYTES);
+        // Bytes every 200 ms: past the handshake timeout, within the idle one.
+        for _ in 0..5 {
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            client.write_all(b"x").await.expect("write");
+            assert_eq!(server.read(&mut buf).await.expect("read"), 1);
+        }
+        let start = Instant::now();
+        let error = server.read(&mut buf).await.expect_err("timed out");
+        assert!(error.to_string().contains("idle"), "{error}");
+        assert_eq!(start.elapsed(), TIMEOUTS.idle);
+    }
+
+    #[test]
+    fn the_soft_open_files_limit_is_raised_to_the_hard_one() {
+        let (before, after) = raise_open_files_limit().expect("rlimit");
+        assert!(after >= before);
+        let mut limit = libc::rlimit {
+            rlim_cur: 0,
+            rlim_max: 0,
+        };
+        // SAFETY: as in raise_open_files_limit.
+        assert_eq!(
+            unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) },
+            0
+        );
+        assert_eq!(limit.rlim_cur, limit.rlim_max);
+    }
+}

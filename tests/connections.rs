@@ -1,0 +1,169 @@
+//! Clients that hold a connection without using it, against the real binary: a connection
+//! that never speaks, headers or a body that never end, an idle keep-alive connection; the
+//! HTTP/2 stream limit both ports advertise; and a process at its descriptor limit that
+//! serves again once clients leave.
+
+mod harness;
+
+use std::io::{ErrorKind, Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::time::Duration;
+
+use harness::Floodgate;
+
+const RULES: &str =
+    "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: day, requests_per_unit: 5}\n";
+
+/// Tight bounds, so that each is reached within a test.
+const LIMITS: [(&str, &str); 4] = [
+    ("FLOODGATE_CONNECTION_LIMITS__HANDSHAKE_TIMEOUT_MS", "300"),
+    ("FLOODGATE_CONNECTION_LIMITS__IDLE_TIMEOUT_MS", "600"),
+    ("FLOODGATE_CONNECTION_LIMITS__REQUEST_TIMEOUT_MS", "400"),
+    ("FLOODGATE_CONNECTION_LIMITS__MAX_CONCURRENT_STREAMS", "77"),
+];
+
+fn start() -> Floodgate {
+    Floodgate::start_with_env(&[("d.yaml", RULES)], &[], &LIMITS)
+}
+
+fn connect(addr: SocketAddr) -> TcpStream {
+    let stream = TcpStream::connect(addr).expect("connect");
+    // The test's own bound on every wait: far past the server's.
+    stream
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .expect("read timeout");
+    stream
+}
+
+/// Reads until the server closes the connection; what it sent.
+fn read_until_closed(stream: &mut TcpStream) -> Vec<u8> {
+    let mut received = Vec::new();
+    let mut buf = [0; 4096];
+    loop {
+        match stream.read(&mut buf) {
+            Ok(0) => return received,
+            Ok(n) => received.extend_from_slice(&buf[..n]),
+            Err(e) if e.kind() == ErrorKind::ConnectionReset => return received,
+            Err(e) => panic!("the server kept the connection open: {e}"),
+        }
+    }
+}
+
+#[test]
+fn a_connection_that_never_speaks_is_closed_on_both_ports() {
+    let server = start();
+    // gRPC's server sends its SETTINGS at once; HTTP waits to see which protocol comes.
+    // Either way the server closes the connection.
+    read_until_closed(&mut connect(server.grpc_addr));
+    assert_eq!(read_until_closed(&mut connect(server.http_addr)), b"");
+    // And the ports still serve.
+    assert_eq!(server.http("GET", "/healthz", "").0, 200);
+}
+
+#[test]
+fn http_headers_that_never_end_are_cut() {
+    let server = start();
+    let mut slow = connect(server.http_addr);
+    slow.write_all(b"GET /healthz HTTP/1.1\r\nhost: floodgate\r\nx-slow: ")
+        .expect("write");
+    let answer = String::from_utf8_lossy(&read_until_closed(&mut slow)).into_owned();
+    assert!(
+        answer.is_empty() || answer.starts_with("HTTP/1.1 408"),
+        "{answer}"
+    );
+}
+
+#[test]
+fn a_json_body_that_never_ends_gets_408() {
+    let server = start();
+    let mut slow = connect(server.http_addr);
+    slow.write_all(
+        b"POST /json HTTP/1.1\r\nhost: floodgate\r\ncontent-type: application/json\r\n\
+          transfer-encoding: chunked\r\n\r\n5\r\n{\"dom\r\n",
+    )
+    .expect("write");
+    let answer = String::from_utf8_lossy(&read_until_closed(&mut slow)).into_owned();
+    assert!(answer.starts_with("HTTP/1.1 408"), "{answer}");
+    assert!(answer.contains("request_timeout_ms"), "{answer}");
+}
+
+#[test]
+fn an_idle_keep_alive_connection_is_closed_after_the_idle_timeout() {
+    let server = start();
+    let mut client = connect(server.http_addr);
+    client
+        .write_all(b"GET /healthz HTTP/1.1\r\nhost: floodgate\r\n\r\n")
+        .expect("write");
+    let mut buf = [0; 1024];
+    let read = client.read(&mut buf).expect("the answer");
+    assert!(buf[..read].starts_with(b"HTTP/1.1 200"));
+    // Kept alive, then silent: closed by the server.
+    assert_eq!(read_until_closed(&mut client), b"");
+}
+
+/// The settings a server sends first on an HTTP/2 connection (prior knowledge, no TLS).
+fn http2_settings(addr: SocketAddr) -> Vec<(u16, u32)> {
+    let mut client = connect(addr);
+    client
+        .write_all(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n")
+        .expect("preface");
+    // An empty SETTINGS frame: length 0, type 4, no flags, stream 0.
+    client
+        .write_all(&[0, 0, 0, 4, 0, 0, 0, 0, 0])
+        .expect("settings");
+    let mut header = [0; 9];
+    client.read_exact(&mut header).expect("a frame");
+    assert_eq!(header[3], 4, "the server's first frame is SETTINGS");
+    let length = u32::from_be_bytes([0, header[0], header[1], header[2]]) as usize;
+    let mut payload = vec![0; length];
+    client.read_exact(&mut payload).expect("its payload");
+    payload
+        .chunks(6)
+        .map(|entry| {
+            let id = u16::from_be_bytes([entry[0], entry[1]]);
+            let value = u32::from_be_bytes([entry[2], entry[3], entry[4], entry[5]]);
+            (id, value)
+        })
+        .collect()
+}
+
+#[test]
+fn both_ports_advertise_the_stream_limit() {
+    const MAX_CONCURRENT_STREAMS: u16 = 3;
+    let server = start();
+    for addr in [server.grpc_addr, server.http_addr] {
+        let settings = http2_settings(addr);
+        assert!(
+            settings.contains(&(MAX_CONCURRENT_STREAMS, 77)),
+            "{addr}: {settings:?}"
+        );
+    }
+}
+
+#[test]
+fn a_server_at_its_descriptor_limit_serves_again_once_clients_leave() {
+    // The hard limit is the soft one floodgate raises to: 64 descriptors in all.
+    let server = Floodgate::start_wrapped(
+        &["prlimit", "--nofile=64:64", "--"],
+        &[("d.yaml", RULES)],
+        &[],
+        &[("FLOODGATE_CONNECTION_LIMITS__HANDSHAKE_TIMEOUT_MS", "60000")],
+    );
+    // Silent connections until the server can accept no more: those past its limit wait in
+    // the listen backlog.
+    let hogs: Vec<TcpStream> = (0..100).map(|_| connect(server.grpc_addr)).collect();
+    let log = server.wait_for_log("accepting a connection failed");
+    assert!(log.contains("Too many open files"), "{log}");
+    drop(hogs);
+    // The descriptors are back: a new client is answered.
+    assert_eq!(server.http("GET", "/healthz", "").0, 200);
+    let log = server.stderr();
+    let grpc_failures = log
+        .lines()
+        .filter(|line| line.contains("accepting a connection failed") && line.contains("grpc"))
+        .count();
+    assert_eq!(
+        grpc_failures, 1,
+        "one line per series of failures, not one per retry:\n{log}"
+    );
+}
