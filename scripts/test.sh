@@ -14,18 +14,19 @@ fi
 
 # Real Redis for the redis backend and Lua tests, faketime to skew a server's clock, the
 # openssl command for the TLS tests' certificates, and OpenSSL's headers with pkg-config to
-# build Redis TLS support (native-tls links the system OpenSSL) (Debian's packages).
-if ! need redis-server || ! need redis-cli || ! need faketime || ! need openssl \
+# build Redis TLS support (native-tls links the system OpenSSL), and prlimit (util-linux) to
+# start floodgate at a small descriptor limit (Debian's packages).
+if ! need redis-server || ! need redis-cli || ! need faketime || ! need openssl || ! need prlimit \
     || ! pkg-config --exists openssl 2>/dev/null; then
     if [ "$(id -u)" = 0 ] && need apt-get; then
-        echo "== installing redis-server, redis-tools, faketime, openssl, libssl-dev, pkg-config"
+        echo "== installing redis-server, redis-tools, faketime, openssl, libssl-dev, pkg-config, util-linux"
         apt-get update -qq
         DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server redis-tools faketime openssl libssl-dev \
-            pkg-config >/dev/null
+            pkg-config util-linux >/dev/null
         # The package may start a system-wide server; the tests start their own.
         service redis-server stop >/dev/null 2>&1 || true
     else
-        echo "required: apt-get install redis-server redis-tools faketime openssl libssl-dev pkg-config" >&2
+        echo "required: apt-get install redis-server redis-tools faketime openssl libssl-dev pkg-config util-linux" >&2
         exit 1
     fi
 fi
