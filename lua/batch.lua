@@ -5,7 +5,9 @@
 -- Layout (every key is in ARGV; KEYS are declared only to route a cluster call by its slot):
 --
 --   ARGV[1]          the time: '' to read Redis' TIME, else µs since the epoch (tests only)
---   ARGV[2]          L, the number of limits, then L × 9 entries: algorithm,
+--   ARGV[2]          the deadline on that clock, µs: a call that runs later decides nothing
+--                    ('' for none)
+--   ARGV[3]          L, the number of limits, then L × 9 entries: algorithm,
 --                    requests_per_unit, window_us, capacity, token interval_us, and four
 --                    calendar boundaries b0 < b1 < b2 < b3 ('' × 4 unless calendar-aligned)
 --   then groups, until the end of ARGV:
@@ -14,9 +16,10 @@
 --     'all', n, then n × (key, limit index, cost, binding '1' | '0')
 --                    one request's hits, all or nothing (all_or_nothing.lua)
 --
--- A cost below zero is a give-back of its absolute value. Reply: one flat array, per group
--- in order: an 'each' group's hits, two integers each; an 'all' group's `applied` (1 | 0 |
--- -1) and then its hits; then the message of every error, in order. A hit's integers are
+-- A cost below zero is a give-back of its absolute value. Reply: one flat array, the call's
+-- instant first, then per group in order: an 'each' group's hits, two integers each; an 'all'
+-- group's `applied` (1 | 0 | -1) and then its hits; then the message of every error, in
+-- order. A call past its deadline answers `{instant, 'late'}` and touches no key. A hit's integers are
 -- `code`, remaining + 1 if allowed, -(remaining + 1) if rejected, 0 if it failed; and
 -- reset_us. A hit's error (a key of another type; in a cluster, a key this node does not
 -- serve, refused before anything was written) fails that hit or that 'all' group alone.
@@ -51,10 +54,18 @@ else
   now = tonumber(time[1]) * 1000000 + tonumber(time[2])
 end
 
+-- The caller answered this call's requests another way once their deadline passed (a
+-- timeout, the rule's failure policy): a call that reaches Redis later must count nothing.
+-- The caller puts the deadline on Redis' clock (src/backend/redis/deadline.rs) and sends the
+-- requests that still have time again.
+if ARGV[2] ~= '' and now > number(2) then
+  return { now, 'late' }
+end
+
 -- The limits, read once however many hits share them.
 local limits = {}
-local at = 3
-for i = 1, number(2) do
+local at = 4
+for i = 1, number(3) do
   local algorithm = algorithms[ARGV[at]]
   if algorithm == nil then
     return redis.error_reply('unknown algorithm ' .. tostring(ARGV[at]))
@@ -82,7 +93,7 @@ local function limit_at(index)
   return limit
 end
 
-local reply, errors, size = {}, {}, 0
+local reply, errors, size = { now }, {}, 1
 local function push(code, reset)
   reply[size + 1] = code
   reply[size + 2] = reset

@@ -26,7 +26,7 @@ mod redis_harness;
 use std::time::{Duration, Instant};
 
 use deadpool_redis::redis;
-use floodgate::backend::redis::script::{ScriptClock, Scripts, add_call, decision};
+use floodgate::backend::redis::script::{PlannedHit, ScriptClock, Scripts, add_call, decision};
 use floodgate::limiter::{Algorithm, CounterKey, Hits, Limit, SECOND_MICROS, Unit};
 use redis_harness::RedisServer;
 
@@ -85,15 +85,14 @@ impl Lua {
             let sent = Instant::now();
             let mut pipe = redis::pipe();
             for arrival in chunk {
-                add_call(
-                    &mut pipe,
-                    &self.scripts,
-                    key.as_str(),
+                let hit = PlannedHit {
+                    key: key.as_str(),
                     limit,
-                    Hits::take(arrival.cost),
-                    ScriptClock::Fixed(arrival.at),
-                    arrival.at,
-                );
+                    hits: Hits::take(arrival.cost),
+                    binding: true,
+                };
+                let clock = ScriptClock::Fixed(arrival.at);
+                add_call(&mut pipe, &self.scripts, hit, clock, None, arrival.at);
             }
             let replies: Vec<redis::Value> = pipe
                 .query_async(&mut self.connection)

@@ -3,15 +3,16 @@
 //! it was (and write nothing, but for a fixed window's rejection, which takes and gives back), the
 //! scripts read Redis' clock and pick the calendar window of Redis' now, a flushed script
 //! cache answers NOSCRIPT, an all-or-nothing call that is rejected leaves every key as it
-//! was, byte for byte and with its expiry, and a batch of many requests' hits decides each
-//! exactly as separate calls in the same order would.
+//! was, byte for byte and with its expiry, a batch of many requests' hits decides each
+//! exactly as separate calls in the same order would, and a call that runs past its deadline
+//! decides nothing and writes nothing.
 
 mod lua_support;
 mod redis_harness;
 
 use deadpool_redis::redis;
 use floodgate::backend::redis::script::{
-    Group, Mode, PlannedHit, ScriptClock, Scripts, add_call, state_keys,
+    BatchAnswer, Group, Mode, PlannedHit, ScriptClock, Scripts, add_call, state_keys,
 };
 use floodgate::limiter::{
     Algorithm, Counter, CounterKey, Decision, Hits, Limit, SECOND_MICROS, Timezone, Unit,
@@ -356,15 +357,15 @@ async fn a_flushed_script_cache_answers_noscript() {
         .expect("SCRIPT FLUSH");
     let limit = limit(Algorithm::Gcra);
     let mut pipe = redis::pipe();
-    add_call(
-        &mut pipe,
-        &scripts,
-        counter_key("noscript", &limit).as_str(),
-        &limit,
-        Hits::take(1),
-        ScriptClock::Fixed(PARIS_NOV_15),
-        PARIS_NOV_15,
-    );
+    let key = counter_key("noscript", &limit);
+    let hit = PlannedHit {
+        key: key.as_str(),
+        limit: &limit,
+        hits: Hits::take(1),
+        binding: true,
+    };
+    let clock = ScriptClock::Fixed(PARIS_NOV_15);
+    add_call(&mut pipe, &scripts, hit, clock, None, PARIS_NOV_15);
     let error = pipe
         .query_async::<Vec<redis::Value>>(&mut connection)
         .await
@@ -644,4 +645,45 @@ async fn an_error_fails_its_own_hit_and_the_rest_of_the_batch_is_decided() {
     // The failed group put back what its first hit wrote.
     let left = hit_now(&mut connection, &scripts, &fine, &limit, Hits::take(0)).await;
     assert_eq!(left.remaining, 7);
+}
+
+#[tokio::test]
+async fn a_call_run_past_its_deadline_decides_nothing_and_writes_nothing() {
+    let (_server, mut connection, scripts) = start().await;
+    for algorithm in Algorithm::ALL {
+        let name_of = algorithm.name();
+        let limit = limit(algorithm);
+        let key = name("late", &limit);
+        hit_now(&mut connection, &scripts, &key, &limit, Hits::take(2)).await;
+        let at = PARIS_NOV_15 + 1_000;
+        let keys = state_keys(&key, &limit, at);
+        let before = snapshot(&mut connection, &keys).await;
+        let writes_before = writes(&mut connection).await;
+
+        let hits = [planned(&key, &limit, Hits::take(1))];
+        let groups = [Group {
+            mode: Mode::Each,
+            hits: &hits,
+        }];
+        let late = lua_support::answer(&mut connection, &scripts, &groups, at, Some(at - 1)).await;
+        assert_eq!(late, Ok(BatchAnswer::Late { now_micros: at }), "{name_of}");
+        assert_eq!(snapshot(&mut connection, &keys).await, before, "{name_of}");
+        assert_eq!(writes(&mut connection).await, writes_before, "{name_of}");
+
+        // At its deadline the call is still in time.
+        let on_time = lua_support::answer(&mut connection, &scripts, &groups, at, Some(at)).await;
+        let Ok(BatchAnswer::Decided { now_micros, reply }) = on_time else {
+            panic!("{name_of}: {on_time:?}");
+        };
+        assert_eq!(now_micros, at, "{name_of}");
+        let decision = reply.decisions[0].clone().expect("a decision");
+        assert!(decision.allowed, "{name_of}");
+        let check = lua_support::hit(&mut connection, &scripts, &key, &limit, Hits::take(0), at)
+            .await
+            .expect("a check");
+        assert_eq!(
+            check.remaining, decision.remaining,
+            "{name_of}: counted once"
+        );
+    }
 }

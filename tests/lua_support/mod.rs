@@ -6,8 +6,8 @@
 use deadpool_redis::redis;
 use deadpool_redis::redis::aio::ConnectionLike;
 use floodgate::backend::redis::script::{
-    BatchReply, Group, Mode, PlannedHit, ScriptClock, Scripts, Target, add_call, batch_call,
-    batch_reply, decision,
+    BatchAnswer, BatchReply, Group, Mode, PlannedHit, ScriptClock, Scripts, Target, add_call,
+    batch_answer, batch_call, decision,
 };
 use floodgate::limiter::{Decision, Hits, Limit};
 
@@ -53,7 +53,13 @@ pub async fn call<C: ConnectionLike>(
     local_now: u64,
 ) -> Result<Decision, String> {
     let mut pipe = redis::pipe();
-    add_call(&mut pipe, scripts, key, limit, hits, clock, local_now);
+    let hit = PlannedHit {
+        key,
+        limit,
+        hits,
+        binding: true,
+    };
+    add_call(&mut pipe, scripts, hit, clock, None, local_now);
     let replies: Vec<redis::Value> = pipe
         .query_async(connection)
         .await
@@ -92,11 +98,27 @@ pub async fn batch<C: ConnectionLike>(
     groups: &[Group<'_>],
     now: u64,
 ) -> Result<BatchReply, String> {
+    match answer(connection, scripts, groups, now, None).await? {
+        BatchAnswer::Decided { reply, .. } => Ok(reply),
+        late => Err(format!("a call without a deadline answered {late:?}")),
+    }
+}
+
+/// One batch call of `groups` at `now` with a `deadline` on the same clock: its decisions, or
+/// that it was late.
+pub async fn answer<C: ConnectionLike>(
+    connection: &mut C,
+    scripts: &Scripts,
+    groups: &[Group<'_>],
+    now: u64,
+    deadline: Option<u64>,
+) -> Result<BatchAnswer, String> {
     let command = batch_call(
         scripts,
         groups,
         Target::Server,
         ScriptClock::Fixed(now),
+        deadline,
         now,
     );
     let mut pipe = redis::pipe();
@@ -105,5 +127,5 @@ pub async fn batch<C: ConnectionLike>(
         .query_async(connection)
         .await
         .map_err(|e| format!("EVALSHA failed: {e}"))?;
-    batch_reply(&replies[0], groups)
+    batch_answer(&replies[0], groups)
 }

@@ -11,9 +11,13 @@
 //!
 //! **Overload.** The queue is bounded by [`Capacity`]: a request that would exceed the
 //! connection's in-flight limit, or whose deadline is nearer than calls have lately waited,
-//! is refused before it waits, with [`BackendError::Overloaded`]. A request that stops
-//! waiting (its deadline passed) before its call is sent is left out of the call, so it is
-//! never counted after it was answered another way.
+//! is refused before it waits, with [`BackendError::Overloaded`].
+//!
+//! **Never counted once answered.** A request that stops waiting (its deadline passed) before
+//! its call is sent is left out of the call. A call that is out carries the earliest deadline
+//! of its requests, on Redis' clock (`deadline.rs`): if Redis runs it later, it decides
+//! nothing, and the requests that still have time go again in a new call. So a request
+//! answered by a timeout (and its rule's failure policy) is not counted in Redis as well.
 //!
 //! **A broken connection** (an exchange error, or a call that got no reply while nothing at
 //! all came back on the connection) is [`reset`](Link::reset): a standalone server's is
@@ -32,8 +36,9 @@ use futures_util::stream::FuturesUnordered;
 use tokio::sync::{mpsc, oneshot};
 use tokio::time::{Instant, timeout_at};
 
+use super::deadline::RedisClock;
 use super::script::{self, Group, Mode, PlannedHit, ScriptClock, Scripts, Target};
-use super::{batch_results, is_noscript, lock};
+use super::{Results, batch_results, is_noscript, lock};
 use crate::backend::BackendError;
 use crate::backend::capacity::{Capacity, Refusal};
 use crate::clock::Clock;
@@ -84,6 +89,8 @@ struct Request {
     hits: Vec<QueuedHit>,
     mode: Mode,
     admitted: Instant,
+    /// When the caller stops waiting and answers the request another way.
+    deadline: Instant,
     reply: oneshot::Sender<Vec<Result<Decision, BackendError>>>,
 }
 
@@ -98,6 +105,8 @@ pub(super) struct Lane<L: Link> {
 struct LaneState<L> {
     link: L,
     shared: Arc<Shared>,
+    /// The server's clock as this lane's replies show it, for the calls' deadlines.
+    redis_clock: Arc<RedisClock>,
     capacity: Capacity,
     /// When a reply last came back on this lane's connection (for telling a dead connection
     /// from a slow Redis).
@@ -105,7 +114,9 @@ struct LaneState<L> {
 }
 
 impl<L: Link> Lane<L> {
-    pub fn new(link: L, shared: Arc<Shared>) -> Self {
+    /// A lane to the server behind `link`, whose clock `redis_clock` follows (lanes to one
+    /// server share it).
+    pub fn new(link: L, shared: Arc<Shared>, redis_clock: Arc<RedisClock>) -> Self {
         // Calls should wait no more than half the timeout, so the ones Redis decides are
         // answered within it even when the wait doubles before the limit catches up.
         let target = shared.command_timeout / 2;
@@ -113,6 +124,7 @@ impl<L: Link> Lane<L> {
             state: Arc::new(LaneState {
                 link,
                 shared,
+                redis_clock,
                 capacity: Capacity::new(target),
                 last_reply: Mutex::new(None),
             }),
@@ -142,6 +154,7 @@ impl<L: Link> Lane<L> {
             hits,
             mode,
             admitted: now,
+            deadline,
             reply,
         };
         if let Err(unsent) = self.queue().send(request) {
@@ -158,14 +171,34 @@ impl<L: Link> Lane<L> {
     }
 
     /// Loads the script through this lane's connection (at start-up, and as the breaker's
-    /// probe); a failure resets the connection.
+    /// probe), and reads the server's clock so that the first call has a deadline; a
+    /// failure resets the connection.
     pub async fn load_scripts(&self) -> Result<(), BackendError> {
         let state = &self.state;
         let result = state.link.load_scripts(&state.shared.scripts).await;
-        if result.is_err() {
-            state.link.reset();
+        match result {
+            Ok(()) => self.read_redis_clock().await,
+            Err(_) => state.link.reset(),
         }
         result
+    }
+
+    /// One sample of the server's clock (`TIME`); nothing is learnt from a failure.
+    async fn read_redis_clock(&self) {
+        let state = &self.state;
+        let Ok(reply) = state.link.query(&redis::cmd("TIME")).await else {
+            return;
+        };
+        let received = Instant::now();
+        if let Ok((seconds, micros)) = redis::from_redis_value::<(u64, u64)>(reply) {
+            let now = seconds.saturating_mul(1_000_000).saturating_add(micros);
+            state.redis_clock.observe(now, received);
+        }
+    }
+
+    /// The local instant `at` on the server's clock, as far as this lane knows it.
+    pub fn redis_time_at(&self, at: Instant) -> Option<u64> {
+        self.state.redis_clock.redis_time_at(at)
     }
 
     fn queue(&self) -> &mpsc::UnboundedSender<Request> {
@@ -210,19 +243,18 @@ async fn drive<L: Link>(state: Arc<LaneState<L>>, mut queue: mpsc::UnboundedRece
     while calls.next().await.is_some() {}
 }
 
-/// One script call for `requests`, bounded by the command timeout from when it is sent (no
-/// request waits longer than that); each request
-/// gets its results, and its room in the lane back.
-async fn call<L: Link>(state: Arc<LaneState<L>>, requests: Vec<Request>) {
-    let hits: usize = requests.iter().map(|r| r.hits.len()).sum();
+/// One script call for `requests` (more if Redis runs it too late for some of them),
+/// bounded by the command timeout from when it is sent (no request waits longer than that);
+/// each request gets its results, and its room in the lane back.
+async fn call<L: Link>(state: Arc<LaneState<L>>, mut requests: Vec<Request>) {
     let oldest = requests.iter().map(|r| r.admitted).min();
     let sent = Instant::now();
     let bound = sent + state.shared.command_timeout;
-    let outcome = timeout_at(bound, exchange(&state, &requests)).await;
+    let outcome = timeout_at(bound, exchange_in_time(&state, &mut requests)).await;
     let now = Instant::now();
+    let hits: usize = requests.iter().map(|r| r.hits.len()).sum();
     let results: Vec<Vec<Result<Decision, BackendError>>> = match outcome {
         Ok(Ok(results)) => {
-            *lock(&state.last_reply) = Some(now);
             let waited = now.saturating_duration_since(oldest.unwrap_or(sent));
             state.capacity.answered(hits, waited, now);
             results
@@ -241,11 +273,7 @@ async fn call<L: Link>(state: Arc<LaneState<L>>, requests: Vec<Request>) {
             if lock(&state.last_reply).is_none_or(|at| at < sent) {
                 state.link.reset();
             }
-            let timeout = state.shared.command_timeout;
-            requests
-                .iter()
-                .map(|r| vec![Err(BackendError::Timeout(timeout)); r.hits.len()])
-                .collect()
+            requests.iter().map(|r| timed_out(&state, r)).collect()
         }
     };
     state.capacity.release(hits);
@@ -255,12 +283,49 @@ async fn call<L: Link>(state: Arc<LaneState<L>>, requests: Vec<Request>) {
     }
 }
 
+/// Sends `requests` in one call with the earliest of their deadlines, and again, with those
+/// that still have time, for as long as Redis runs the call too late; the requests whose
+/// deadline passed meanwhile are answered (timed out) and leave `requests`. The results are
+/// those of the requests that stay, in order.
+async fn exchange_in_time<L: Link>(
+    state: &LaneState<L>,
+    requests: &mut Vec<Request>,
+) -> Result<Vec<Vec<Result<Decision, BackendError>>>, BackendError> {
+    loop {
+        let Some(earliest) = requests.iter().map(|r| r.deadline).min() else {
+            return Ok(Vec::new());
+        };
+        let deadline = state.redis_clock.redis_time_at(earliest);
+        if let Some(results) = exchange(state, requests, deadline).await? {
+            return Ok(results);
+        }
+        let now = Instant::now();
+        let (waiting, late): (Vec<Request>, Vec<Request>) = std::mem::take(requests)
+            .into_iter()
+            .partition(|r| r.deadline > now && !r.reply.is_closed());
+        for request in late {
+            state.capacity.release(request.hits.len());
+            let answer = timed_out(state, &request);
+            let _ = request.reply.send(answer);
+        }
+        *requests = waiting;
+    }
+}
+
+/// A timeout for each of `request`'s hits.
+fn timed_out<L>(state: &LaneState<L>, request: &Request) -> Vec<Result<Decision, BackendError>> {
+    let timeout = state.shared.command_timeout;
+    vec![Err(BackendError::Timeout(timeout)); request.hits.len()]
+}
+
 /// Sends one script call for `requests` on the lane's connection (once more after loading
-/// the script if the server had lost it) and splits its results by request.
+/// the script if the server had lost it) and splits its results by request; `None` when
+/// Redis ran it past `deadline` (its clock, µs) and it decided nothing.
 async fn exchange<L: Link>(
     state: &LaneState<L>,
     requests: &[Request],
-) -> Result<Vec<Vec<Result<Decision, BackendError>>>, BackendError> {
+    deadline: Option<u64>,
+) -> Result<Option<Vec<Vec<Result<Decision, BackendError>>>>, BackendError> {
     let shared = &state.shared;
     let planned: Vec<Vec<PlannedHit<'_>>> = requests
         .iter()
@@ -287,6 +352,7 @@ async fn exchange<L: Link>(
         &groups,
         state.link.target(),
         ScriptClock::Redis,
+        deadline,
         local_now,
     );
     let mut reply = state.link.query(&command).await?;
@@ -295,9 +361,25 @@ async fn exchange<L: Link>(
         state.link.load_scripts(&shared.scripts).await?;
         reply = state.link.query(&command).await?;
     }
-    let mut results = batch_results(&reply, &groups).into_iter();
-    Ok(requests
-        .iter()
-        .map(|request| results.by_ref().take(request.hits.len()).collect())
-        .collect())
+    let received = Instant::now();
+    *lock(&state.last_reply) = Some(received);
+    let results = match batch_results(&reply, &groups) {
+        Results::Late { ran_at } => {
+            state.redis_clock.observe(ran_at, received);
+            return Ok(None);
+        }
+        Results::Hits { ran_at, hits } => {
+            if let Some(ran_at) = ran_at {
+                state.redis_clock.observe(ran_at, received);
+            }
+            hits
+        }
+    };
+    let mut results = results.into_iter();
+    Ok(Some(
+        requests
+            .iter()
+            .map(|request| results.by_ref().take(request.hits.len()).collect())
+            .collect(),
+    ))
 }

@@ -39,6 +39,7 @@ use crate::clock::Clock;
 use crate::limiter::{Decision, Hits};
 
 use super::batcher::{Lane, Link, QueuedHit, Shared};
+use super::deadline::RedisClock;
 use super::redirect::{LONGEST_PAUSE, not_served_here, run_call};
 use super::script::{Mode, Target};
 use super::slots::{Node, SlotMap};
@@ -221,7 +222,8 @@ impl RedisClusterBackend {
             .map(|hit| format!("{}{}", self.options.key_prefix, hit.key))
             .collect();
         let mut results: Vec<Option<Result<Decision, BackendError>>> = vec![None; hits.len()];
-        if let Some(map) = self.slot_map(deadline).await {
+        let map = self.slot_map(deadline).await;
+        if let Some(map) = &map {
             let mut by_node: HashMap<&Node, Vec<usize>> = HashMap::new();
             for (index, key) in keys.iter().enumerate() {
                 if let Some(node) = map.node_of(key.as_bytes()) {
@@ -267,6 +269,7 @@ impl RedisClusterBackend {
                 .map(|&i| Call {
                     key: keys[i].clone(),
                     hit: &hits[i],
+                    deadline: self.redis_deadline(map.as_deref(), &keys[i], deadline),
                 })
                 .collect();
             let resent = self.resend_until(&calls, deadline).await;
@@ -306,6 +309,14 @@ impl RedisClusterBackend {
         .await
     }
 
+    /// `deadline` on the clock of the primary the slot map names for `key`, as far as its
+    /// lane knows it; `None` when there is no such lane yet.
+    fn redis_deadline(&self, map: Option<&SlotMap>, key: &str, deadline: Instant) -> Option<u64> {
+        let node = map?.node_of(key.as_bytes())?;
+        let lane = lock(&self.lanes).get(node)?.clone();
+        lane.redis_time_at(deadline)
+    }
+
     /// The lane of `node`, made on first use.
     fn lane(&self, node: &Node) -> Arc<Lane<NodeLink>> {
         let mut lanes = lock(&self.lanes);
@@ -319,7 +330,12 @@ impl RedisClusterBackend {
                 port: node.port,
             },
         };
-        let lane = Arc::new(Lane::new(link, self.shared.clone()));
+        // Each primary has its own clock.
+        let lane = Arc::new(Lane::new(
+            link,
+            self.shared.clone(),
+            Arc::new(RedisClock::new()),
+        ));
         lanes.insert(node.clone(), lane.clone());
         lane
     }

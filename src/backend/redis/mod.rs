@@ -20,6 +20,7 @@
 mod batcher;
 mod cluster;
 mod connect;
+mod deadline;
 mod redirect;
 pub mod script;
 pub mod slots;
@@ -40,6 +41,7 @@ use crate::clock::Clock;
 use crate::limiter::Decision;
 use batcher::{Lane, Link, QueuedHit, Shared};
 use connect::{PrimaryConnection, Source};
+use deadline::RedisClock;
 pub(crate) use script::Scripts;
 use script::{Mode, Target};
 
@@ -157,9 +159,11 @@ impl RedisBackend {
             source: source.clone(),
             connection: Mutex::new(None),
         };
+        // Every lane talks to one server, so they share what they learn of its clock.
+        let redis_clock = Arc::new(RedisClock::new());
         Ok(RedisBackend {
             lanes: (0..options.pool_size.max(1))
-                .map(|_| Lane::new(link(), shared.clone()))
+                .map(|_| Lane::new(link(), shared.clone(), redis_clock.clone()))
                 .collect(),
             next: AtomicUsize::new(0),
             options,
@@ -215,26 +219,47 @@ impl RedisBackend {
     }
 }
 
-/// One counter hit as a script call: the full Redis key and the hit.
+/// One counter hit as a script call: the full Redis key, the hit, and the deadline past
+/// which the call must decide nothing, on the clock of the server expected to run it.
 pub(crate) struct Call<'a> {
     pub key: String,
     pub hit: &'a CounterHit<'a>,
+    pub deadline: Option<u64>,
 }
 
-/// Each hit's result from a batch call's reply: its decision, or why it has none.
-pub(crate) fn batch_results(
-    reply: &redis::Value,
-    groups: &[script::Group<'_>],
-) -> Vec<Result<Decision, BackendError>> {
+/// What a batch call's reply says of its hits.
+pub(crate) enum Results {
+    /// Each hit's decision, or why it has none; and the instant the script ran at on Redis'
+    /// clock, when the reply says.
+    Hits {
+        ran_at: Option<u64>,
+        hits: Vec<Result<Decision, BackendError>>,
+    },
+    /// The call ran at `ran_at`, past its deadline: nothing was decided or written.
+    Late { ran_at: u64 },
+}
+
+/// Reads a batch call's reply for `groups`.
+pub(crate) fn batch_results(reply: &redis::Value, groups: &[script::Group<'_>]) -> Results {
     let hits = groups.iter().map(|group| group.hits.len()).sum();
-    match script::batch_reply(reply, groups) {
-        Ok(read) => (read.decisions.into_iter())
-            .map(|decision| decision.map_err(|e| BackendError::Unavailable(format!("redis: {e}"))))
-            .collect(),
+    let failed = |error: BackendError| Results::Hits {
+        ran_at: None,
+        hits: vec![Err(error); hits],
+    };
+    match script::batch_answer(reply, groups) {
+        Ok(script::BatchAnswer::Decided { now_micros, reply }) => Results::Hits {
+            ran_at: Some(now_micros),
+            hits: (reply.decisions.into_iter())
+                .map(|decision| {
+                    decision.map_err(|e| BackendError::Unavailable(format!("redis: {e}")))
+                })
+                .collect(),
+        },
+        Ok(script::BatchAnswer::Late { now_micros }) => Results::Late { ran_at: now_micros },
         Err(error) if matches!(reply, redis::Value::ServerError(_)) => {
-            vec![Err(BackendError::Unavailable(error)); hits]
+            failed(BackendError::Unavailable(error))
         }
-        Err(error) => vec![Err(BackendError::Protocol(error)); hits],
+        Err(error) => failed(BackendError::Protocol(error)),
     }
 }
 
@@ -287,9 +312,15 @@ fn reply_to_result(reply: &redis::Value, call: &Call<'_>) -> Result<Decision, Ba
         mode: Mode::Each,
         hits: &hit,
     }];
-    batch_results(reply, &group)
-        .pop()
-        .unwrap_or_else(|| Err(BackendError::Protocol("no reply to the script call".into())))
+    match batch_results(reply, &group) {
+        Results::Hits { mut hits, .. } => hits
+            .pop()
+            .unwrap_or_else(|| Err(BackendError::Protocol("no reply to the script call".into()))),
+        // Its request's deadline has passed: the caller has answered it already.
+        Results::Late { .. } => Err(BackendError::Unavailable(
+            "redis ran the call past its deadline; nothing was counted".into(),
+        )),
+    }
 }
 
 fn unavailable(error: redis::RedisError) -> BackendError {
@@ -315,8 +346,10 @@ mod tests {
         let call = Call {
             key: hit.key.to_string(),
             hit: &hit,
+            deadline: None,
         };
         let failed = redis::Value::Array(vec![
+            redis::Value::Int(1_700_000_000_000_000),
             redis::Value::Int(0),
             redis::Value::Int(0),
             redis::Value::BulkString(b"Script attempted to access a non local key".to_vec()),
@@ -325,7 +358,11 @@ mod tests {
             reply_to_result(&failed, &call),
             Err(BackendError::Unavailable(message)) if message.contains("non local key")
         ));
-        let decided = redis::Value::Array(vec![redis::Value::Int(5), redis::Value::Int(10)]);
+        let decided = redis::Value::Array(vec![
+            redis::Value::Int(1_700_000_000_000_000),
+            redis::Value::Int(5),
+            redis::Value::Int(10),
+        ]);
         assert_eq!(
             reply_to_result(&decided, &call),
             Ok(Decision {

@@ -85,14 +85,18 @@ async fn send(
     if let Some(Resend::Asking(_)) = target {
         pipe.cmd("ASKING");
     }
-    let hit = call.hit;
+    let hit = script::PlannedHit {
+        key: &call.key,
+        limit: &call.hit.limit,
+        hits: call.hit.hits,
+        binding: call.hit.binding,
+    };
     script::add_call(
         &mut pipe,
         scripts,
-        &call.key,
-        &hit.limit,
-        hit.hits,
+        hit,
         ScriptClock::Redis,
+        call.deadline,
         local_now,
     );
     let replies: Vec<Value> = match target {

@@ -220,12 +220,14 @@ impl<'h, 'a> Plan<'h, 'a> {
 
 /// The EVALSHA that decides every group, in order, in one script call that reads the clock
 /// once (`lua/batch.lua`). `local_now` is this process's clock, used only to compute calendar
-/// windows around now (the script picks the one that contains Redis' time).
+/// windows around now (the script picks the one that contains Redis' time). A call that
+/// runs after `deadline` (µs on the script's clock) decides nothing: [`BatchAnswer::Late`].
 pub fn batch_call(
     scripts: &Scripts,
     groups: &[Group<'_>],
     target: Target,
     clock: ScriptClock,
+    deadline: Option<u64>,
     local_now: u64,
 ) -> redis::Cmd {
     let plan = Plan::new(groups);
@@ -245,6 +247,10 @@ pub fn batch_call(
     match clock {
         ScriptClock::Redis => call.arg(""),
         ScriptClock::Fixed(now) => call.arg(now),
+    };
+    match deadline {
+        Some(deadline) => call.arg(deadline),
+        None => call.arg(""),
     };
     call.arg(plan.limits.len());
     for limit in &plan.limits {
@@ -298,7 +304,28 @@ impl redis::ToRedisArgs for Cost {
     }
 }
 
-/// What a batch call answered.
+/// What a batch call answered: its decisions, or that it came too late to decide.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum BatchAnswer {
+    /// Every hit decided (or failed alone) at `now_micros` on the script's clock.
+    Decided { now_micros: u64, reply: BatchReply },
+    /// The call ran at `now_micros`, past its deadline: it decided nothing and wrote
+    /// nothing.
+    Late { now_micros: u64 },
+}
+
+impl BatchAnswer {
+    /// The script's clock when the call ran: Redis' `TIME`, or the time a test supplied.
+    pub fn now_micros(&self) -> u64 {
+        match self {
+            BatchAnswer::Decided { now_micros, .. } | BatchAnswer::Late { now_micros } => {
+                *now_micros
+            }
+        }
+    }
+}
+
+/// The decisions of a batch call that ran in time.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct BatchReply {
     /// One per hit, in call order: its decision, or the message of the error that failed it
@@ -309,11 +336,39 @@ pub struct BatchReply {
     pub applied: Vec<Option<bool>>,
 }
 
-/// Reads a batch call's reply for `groups`, the groups the call was built from.
+/// Reads the reply of a call made without a deadline (or one that must have run in time):
+/// a late call is an error.
 pub fn batch_reply(reply: &redis::Value, groups: &[Group<'_>]) -> Result<BatchReply, String> {
+    match batch_answer(reply, groups)? {
+        BatchAnswer::Decided { reply, .. } => Ok(reply),
+        BatchAnswer::Late { now_micros } => Err(format!(
+            "rate-limit script ran at {now_micros} µs, past its deadline, and decided nothing"
+        )),
+    }
+}
+
+/// Reads a batch call's reply for `groups`, the groups the call was built from.
+pub fn batch_answer(reply: &redis::Value, groups: &[Group<'_>]) -> Result<BatchAnswer, String> {
     let plan = Plan::new(groups);
     let total = groups.iter().map(|g| g.hits.len()).sum();
-    let mut items = array(reply)?.iter();
+    let mut items = array(reply)?.iter().peekable();
+    let now_micros = match items.next() {
+        Some(redis::Value::Int(now)) => non_negative(*now, "its instant")?,
+        other => {
+            return Err(format!(
+                "rate-limit script replied {other:?} for its instant, not an integer"
+            ));
+        }
+    };
+    if let Some(redis::Value::BulkString(text)) = items.peek()
+        && text.as_slice() == b"late"
+    {
+        items.next();
+        if let Some(extra) = items.next() {
+            return Err(format!("rate-limit script replied {extra:?} after 'late'"));
+        }
+        return Ok(BatchAnswer::Late { now_micros });
+    }
     let mut next = |what: &str| -> Result<i64, String> {
         match items.next() {
             Some(redis::Value::Int(n)) => Ok(*n),
@@ -382,7 +437,10 @@ pub fn batch_reply(reply: &redis::Value, groups: &[Group<'_>]) -> Result<BatchRe
         .into_iter()
         .map(|decision| decision.ok_or_else(|| "no answer for a hit".to_owned())?)
         .collect::<Vec<_>>();
-    Ok(BatchReply { decisions, applied })
+    Ok(BatchAnswer::Decided {
+        now_micros,
+        reply: BatchReply { decisions, applied },
+    })
 }
 
 /// One hit's two integers: `code` (remaining + 1 if allowed, -(remaining + 1) if rejected,
@@ -403,28 +461,29 @@ fn non_negative(value: i64, what: &str) -> Result<u64, String> {
     u64::try_from(value).map_err(|_| format!("rate-limit script replied {what} = {value}, below 0"))
 }
 
-/// Appends a call of one hit on the counter `key` to `pipe`: a batch of one, its keys
-/// declared, so that Redis Cluster routes it by its slot.
+/// Appends a call of one hit to `pipe`: a batch of one, its keys declared, so that Redis
+/// Cluster routes it by its slot.
 pub fn add_call(
     pipe: &mut redis::Pipeline,
     scripts: &Scripts,
-    key: &str,
-    limit: &Limit,
-    hits: Hits,
+    hit: PlannedHit<'_>,
     clock: ScriptClock,
+    deadline: Option<u64>,
     local_now: u64,
 ) {
-    let hit = [PlannedHit {
-        key,
-        limit,
-        hits,
-        binding: true,
-    }];
+    let hit = [hit];
     let group = [Group {
         mode: Mode::Each,
         hits: &hit,
     }];
-    pipe.add_command(batch_call(scripts, &group, Target::Slot, clock, local_now));
+    pipe.add_command(batch_call(
+        scripts,
+        &group,
+        Target::Slot,
+        clock,
+        deadline,
+        local_now,
+    ));
 }
 
 /// Reads the reply to [`add_call`]: the one hit's decision.
@@ -476,8 +535,17 @@ mod tests {
     use crate::limiter::{Timezone, Unit};
     use redis::Value;
 
+    /// The instant every test reply ran at.
+    const NOW: i64 = 1_700_000_000_000_000;
+
+    /// A reply of the script that ran at [`NOW`]: the instant, then `values`.
     fn reply(values: &[i64]) -> Value {
-        Value::Array(values.iter().copied().map(Value::Int).collect())
+        Value::Array(
+            std::iter::once(NOW)
+                .chain(values.iter().copied())
+                .map(Value::Int)
+                .collect(),
+        )
     }
 
     fn text(message: &str) -> Value {
@@ -523,7 +591,23 @@ mod tests {
             (reply(&[1, 1, 7]), "more than its calls"),
             (reply(&[0, 0]), "not a message"),
             (Value::Nil, "not an array"),
-            (Value::Array(vec![text("7"), Value::Int(0)]), "code"),
+            (Value::Array(vec![]), "for its instant"),
+            (
+                Value::Array(vec![Value::Int(-1), Value::Int(1)]),
+                "instant = -1",
+            ),
+            (
+                Value::Array(vec![Value::Int(NOW), text("7"), Value::Int(0)]),
+                "code",
+            ),
+            (
+                Value::Array(vec![Value::Int(NOW), text("late"), Value::Int(0)]),
+                "after 'late'",
+            ),
+            (
+                Value::Array(vec![Value::Int(NOW), text("late")]),
+                "past its deadline",
+            ),
         ];
         for (value, expected) in cases {
             let error = decision(&value).expect_err("not a decision");
@@ -552,7 +636,7 @@ mod tests {
                 hits: &all,
             },
         ];
-        let mut items: Vec<Value> = [5, 10, 0, 0, -1, 0, 0, 0, 0]
+        let mut items: Vec<Value> = [NOW, 5, 10, 0, 0, -1, 0, 0, 0, 0]
             .into_iter()
             .map(Value::Int)
             .collect();
@@ -620,11 +704,12 @@ mod tests {
             &groups,
             Target::Server,
             ScriptClock::Redis,
+            Some(42),
             0,
         );
         #[rustfmt::skip]
         let expected = [
-            "0", "", "2",
+            "0", "", "42", "2",
             "fixed_window", "5", "1000000", "5", "200000", "", "", "", "",
             "gcra", "5", "1000000", "5", "200000", "", "", "", "",
             "each", "2", "1", "1", "a", "c",
@@ -635,9 +720,12 @@ mod tests {
         assert_eq!(arguments(&call), expected);
         // The reply comes in the order sent; each hit gets its own answer back.
         let sent_order = [5, 7, 9, 11];
-        let mut items: Vec<Value> = sent_order
-            .iter()
-            .flat_map(|&code| [Value::Int(code), Value::Int(0)])
+        let mut items: Vec<Value> = std::iter::once(Value::Int(NOW))
+            .chain(
+                sent_order
+                    .iter()
+                    .flat_map(|&code| [Value::Int(code), Value::Int(0)]),
+            )
             .collect();
         items.extend([Value::Int(1), Value::Int(13), Value::Int(0)]);
         let read = batch_reply(&Value::Array(items), &groups).expect("a reply");
@@ -648,6 +736,36 @@ mod tests {
             .collect();
         // a, b, c, d, e in call order: a=4, c=6 (the first run), b=8, d=10, e=12.
         assert_eq!(remaining, [4, 8, 6, 10, 12]);
+    }
+
+    #[test]
+    fn a_call_past_its_deadline_answers_late_with_its_instant_and_no_decision() {
+        let limit = Limit::per(5, Unit::Second);
+        let hits = [planned("a", &limit, Hits::take(1))];
+        let groups = [Group {
+            mode: Mode::Each,
+            hits: &hits,
+        }];
+        let late = Value::Array(vec![Value::Int(NOW), text("late")]);
+        assert_eq!(
+            batch_answer(&late, &groups),
+            Ok(BatchAnswer::Late {
+                now_micros: NOW as u64
+            })
+        );
+        let decided = batch_answer(&reply(&[5, 10]), &groups).expect("an answer");
+        assert_eq!(decided.now_micros(), NOW as u64);
+        assert!(matches!(decided, BatchAnswer::Decided { .. }));
+        // Without a deadline the call goes out with an empty one.
+        let call = batch_call(
+            &Scripts::new(),
+            &groups,
+            Target::Server,
+            ScriptClock::Fixed(7),
+            None,
+            0,
+        );
+        assert_eq!(arguments(&call)[..4], ["0", "7", "", "1"]);
     }
 
     #[test]
@@ -684,15 +802,13 @@ mod declared {
             ..Limit::per(5, Unit::Second)
         };
         let mut pipe = redis::pipe();
-        add_call(
-            &mut pipe,
-            &Scripts::new(),
-            "{t}:k",
-            &log,
-            Hits::take(1),
-            ScriptClock::Redis,
-            0,
-        );
+        let hit = PlannedHit {
+            key: "{t}:k",
+            limit: &log,
+            hits: Hits::take(1),
+            binding: true,
+        };
+        add_call(&mut pipe, &Scripts::new(), hit, ScriptClock::Redis, None, 0);
         let command = pipe.cmd_iter().next().expect("one command");
         let declared: Vec<Vec<u8>> = command
             .args_iter()
