@@ -1,6 +1,6 @@
 //! A request answered another way is never counted in Redis afterwards: the real `floodgate`
-//! on a real `redis-server` that stalls (SIGSTOP, `DEBUG SLEEP`) while script calls are on
-//! their way. Each request times out and gets its rule's failure policy; when Redis wakes up
+//! on a real `redis-server`, or a real Redis Cluster, that stalls (SIGSTOP, `DEBUG SLEEP`)
+//! while script calls are on their way. Each request times out and gets its rule's failure policy; when Redis wakes up
 //! it finds the calls in its socket buffers, and runs them past their deadline: they must
 //! decide nothing (`lua/batch.lua`, `src/backend/redis/deadline.rs`).
 
@@ -13,6 +13,7 @@ use deadpool_redis::redis;
 use floodgate::proto::envoy::service::ratelimit::v3::RateLimitRequest;
 use harness::{Floodgate, OK, OVER_LIMIT, costing, descriptor, request};
 use redis_harness::RedisServer;
+use redis_harness::cluster::RedisCluster;
 
 /// Every failure policy, on a limit a test never reaches.
 const RULES: &str = "
@@ -43,13 +44,19 @@ const POLICIES: [(&str, Option<i32>); 4] = [
 /// The command timeout: what a request waits for Redis before its policy answers.
 const TIMEOUT_MS: u64 = 300;
 
-/// A floodgate on `redis` whose requests wait [`TIMEOUT_MS`] and whose breaker stays closed
-/// (every request that times out has had a call sent on its behalf, or queued).
+/// A floodgate on a standalone `redis`.
 fn start(redis: &RedisServer) -> Floodgate {
+    start_on(&["--backend", "redis", "--redis-url", &redis.url()])
+}
+
+/// A floodgate on the backend `flags` name, whose requests wait [`TIMEOUT_MS`] and whose
+/// breaker stays closed (every request that times out has had a call sent on its behalf,
+/// or queued).
+fn start_on(flags: &[&str]) -> Floodgate {
     let timeout = TIMEOUT_MS.to_string();
     Floodgate::start_with_env(
         &[("rules.yaml", RULES)],
-        &["--backend", "redis", "--redis-url", &redis.url()],
+        flags,
         &[
             ("FLOODGATE_REDIS_COMMAND_TIMEOUT_MS", &timeout),
             ("FLOODGATE_REDIS_BREAKER_FAILURES", "100000"),
@@ -129,6 +136,17 @@ async fn only_the_first_hit_counted(server: &Floodgate) {
     }
 }
 
+/// Sends the signal `name` (`-STOP`, `-CONT`) to the processes `pids`.
+fn signal(name: &str, pids: &[u32]) {
+    let pids: Vec<String> = pids.iter().map(u32::to_string).collect();
+    let sent = std::process::Command::new("kill")
+        .arg(name)
+        .args(&pids)
+        .status()
+        .expect("kill runs");
+    assert!(sent.success(), "kill {name} {pids:?}");
+}
+
 /// One hit on each rule, decided by Redis, so every counter exists and the lanes have
 /// heard from Redis' clock.
 async fn count_one_each(server: &Floodgate) {
@@ -145,17 +163,9 @@ async fn hits_answered_while_redis_is_stopped_are_not_counted_when_it_resumes() 
     let server = start(&redis);
     count_one_each(&server).await;
 
-    let pid = redis.pid().to_string();
-    let signal = |name: &str| {
-        let sent = std::process::Command::new("kill")
-            .args([name, &pid])
-            .status()
-            .expect("kill runs");
-        assert!(sent.success(), "kill {name}");
-    };
-    signal("-STOP");
+    signal("-STOP", &[redis.pid()]);
     hit_while_stalled(&server, 3, 3).await;
-    signal("-CONT");
+    signal("-CONT", &[redis.pid()]);
 
     until_redis_decides(&server).await;
     only_the_first_hit_counted(&server).await;
@@ -182,6 +192,26 @@ async fn hits_answered_during_a_debug_sleep_are_not_counted_after_it() {
     hit_while_stalled(&server, 2, 3).await;
     let slept = sleep.await.expect("DEBUG SLEEP's thread");
     assert_eq!(slept.as_deref(), Ok("OK"));
+
+    until_redis_decides(&server).await;
+    only_the_first_hit_counted(&server).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn hits_answered_while_the_cluster_primaries_are_stopped_are_not_counted_when_they_resume() {
+    let cluster = RedisCluster::start();
+    let seeds = cluster.seeds();
+    let server = start_on(&["--backend", "redis-cluster", "--redis-url", &seeds]);
+    count_one_each(&server).await;
+
+    // Every primary at once, and for less than the cluster's node timeout: no replica can
+    // win an election while no primary votes, so the same primaries resume.
+    let primaries: Vec<u32> = (cluster.primaries().into_iter())
+        .map(|node| cluster.server(node).pid())
+        .collect();
+    signal("-STOP", &primaries);
+    hit_while_stalled(&server, 2, 2).await;
+    signal("-CONT", &primaries);
 
     until_redis_decides(&server).await;
     only_the_first_hit_counted(&server).await;

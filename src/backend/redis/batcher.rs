@@ -171,29 +171,14 @@ impl<L: Link> Lane<L> {
     }
 
     /// Loads the script through this lane's connection (at start-up, and as the breaker's
-    /// probe), and reads the server's clock so that the first call has a deadline; a
-    /// failure resets the connection.
+    /// probe); a failure resets the connection.
     pub async fn load_scripts(&self) -> Result<(), BackendError> {
         let state = &self.state;
         let result = state.link.load_scripts(&state.shared.scripts).await;
-        match result {
-            Ok(()) => self.read_redis_clock().await,
-            Err(_) => state.link.reset(),
+        if result.is_err() {
+            state.link.reset();
         }
         result
-    }
-
-    /// One sample of the server's clock (`TIME`); nothing is learnt from a failure.
-    async fn read_redis_clock(&self) {
-        let state = &self.state;
-        let Ok(reply) = state.link.query(&redis::cmd("TIME")).await else {
-            return;
-        };
-        let received = Instant::now();
-        if let Ok((seconds, micros)) = redis::from_redis_value::<(u64, u64)>(reply) {
-            let now = seconds.saturating_mul(1_000_000).saturating_add(micros);
-            state.redis_clock.observe(now, received);
-        }
     }
 
     /// The local instant `at` on the server's clock, as far as this lane knows it.
@@ -291,6 +276,11 @@ async fn exchange_in_time<L: Link>(
     state: &LaneState<L>,
     requests: &mut Vec<Request>,
 ) -> Result<Vec<Vec<Result<Decision, BackendError>>>, BackendError> {
+    if !state.redis_clock.knows_offset() {
+        // The lane's first call (or its server's clock was never read): one round trip
+        // more, once, so that no call goes out without a deadline.
+        read_redis_clock(state).await?;
+    }
     loop {
         let Some(earliest) = requests.iter().map(|r| r.deadline).min() else {
             return Ok(Vec::new());
@@ -310,6 +300,22 @@ async fn exchange_in_time<L: Link>(
         }
         *requests = waiting;
     }
+}
+
+/// One sample of the server's clock: `TIME`. A connection that fails fails the call; an
+/// error reply only leaves this call without a deadline (the script reads `TIME` itself, so
+/// its reply gives the next call one).
+async fn read_redis_clock<L: Link>(state: &LaneState<L>) -> Result<(), BackendError> {
+    let reply = state.link.query(&redis::cmd("TIME")).await?;
+    let received = Instant::now();
+    match redis::from_redis_value::<(u64, u64)>(reply) {
+        Ok((seconds, micros)) => {
+            let now = seconds.saturating_mul(1_000_000).saturating_add(micros);
+            state.redis_clock.observe(now, received);
+        }
+        Err(error) => tracing::debug!(%error, "redis TIME failed; this call has no deadline"),
+    }
+    Ok(())
 }
 
 /// A timeout for each of `request`'s hits.

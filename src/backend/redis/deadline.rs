@@ -22,9 +22,9 @@
 //!
 //! **What remains.** A script that ran in time but whose reply was delayed on its way back
 //! past the deadline has counted a hit whose request timed out: the one case no deadline can
-//! close (the reply is the only news of the run). And a lane that has heard nothing from its
-//! server yet (the process's first call; on a cluster, each primary's first) has no estimate
-//! and sends its call without a deadline.
+//! close (the reply is the only news of the run). A lane that has heard nothing from its
+//! server yet reads `TIME` before its first call, so that no call goes out without a
+//! deadline.
 
 use std::sync::Mutex;
 use std::time::Duration;
@@ -81,6 +81,12 @@ impl RedisClock {
         samples.current = samples.current.max(Some(offset));
     }
 
+    /// Whether a reply has been seen, so that [`Self::redis_time_at`] has an answer.
+    pub fn knows_offset(&self) -> bool {
+        let samples = lock(&self.samples);
+        samples.current.or(samples.previous).is_some()
+    }
+
     /// Redis' time at the local instant `deadline`, estimated from below; `None` before the
     /// first reply.
     pub fn redis_time_at(&self, deadline: Instant) -> Option<u64> {
@@ -105,7 +111,10 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn no_estimate_before_the_first_reply() {
         let clock = RedisClock::new();
+        assert!(!clock.knows_offset());
         assert_eq!(clock.redis_time_at(Instant::now()), None);
+        clock.observe(5 * MS, Instant::now());
+        assert!(clock.knows_offset());
     }
 
     #[tokio::test(start_paused = true)]
