@@ -1,5 +1,6 @@
 //! Clients that hold a connection without using it, against the real binary: a connection
-//! that never speaks, headers or a body that never end, an idle keep-alive connection; the
+//! that never speaks, headers or a body that never end (HTTP and gRPC), an idle keep-alive
+//! connection; the
 //! HTTP/2 stream limit both ports advertise; and a process at its descriptor limit that
 //! serves again once clients leave.
 
@@ -85,6 +86,47 @@ fn a_json_body_that_never_ends_gets_408() {
     let answer = String::from_utf8_lossy(&read_until_closed(&mut slow)).into_owned();
     assert!(answer.starts_with("HTTP/1.1 408"), "{answer}");
     assert!(answer.contains("request_timeout_ms"), "{answer}");
+}
+
+#[tokio::test]
+async fn a_grpc_request_whose_body_never_ends_is_cancelled() {
+    let server = start();
+    let tcp = tokio::net::TcpStream::connect(server.grpc_addr)
+        .await
+        .expect("connect");
+    let (client, connection) = h2::client::handshake(tcp).await.expect("HTTP/2");
+    tokio::spawn(connection);
+    let mut client = client.ready().await.expect("a stream");
+    let request = http::Request::post(format!(
+        "http://{}/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit",
+        server.grpc_addr
+    ))
+    .header("content-type", "application/grpc")
+    .header("te", "trailers")
+    .body(())
+    .expect("a request");
+    let (response, mut body) = client.send_request(request, false).expect("sent");
+    // A gRPC message that announces 100 bytes and brings 3; the stream stays open.
+    body.send_data(
+        bytes::Bytes::from_static(&[0, 0, 0, 0, 100, 1, 2, 3]),
+        false,
+    )
+    .expect("data");
+    let answer = tokio::time::timeout(Duration::from_secs(10), async {
+        let response = response.await.expect("an answer");
+        let (head, mut received) = response.into_parts();
+        let status = head.headers.get("grpc-status").cloned();
+        let trailers = received.trailers().await.ok().flatten();
+        status.or_else(|| trailers.and_then(|t| t.get("grpc-status").cloned()))
+    })
+    .await
+    .expect("answered within the request timeout, not the test's bound");
+    let cancelled = (tonic::Code::Cancelled as i32).to_string();
+    assert_eq!(
+        answer.as_ref().map(|status| status.as_bytes()),
+        Some(cancelled.as_bytes())
+    );
+    drop(body);
 }
 
 #[test]
