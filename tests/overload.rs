@@ -3,7 +3,8 @@
 //! it far more work than it can take: every request still gets a decision, the excess is shed
 //! at once to its rule's policy, the circuit breaker never opens, and the shared count stays
 //! exact. A Redis cut off by a partition, which answers nothing at all, still fails fast,
-//! opens the breaker, and is used again once the partition heals.
+//! opens the breaker, and is used again once the partition heals. And connections killed
+//! under load (`CLIENT KILL`) cost the calls in flight on them, never the breaker.
 
 mod harness;
 mod redis_harness;
@@ -212,6 +213,78 @@ async fn a_partitioned_redis_fails_fast_opens_the_breaker_and_recovers_after_hea
         remaining(&back) < counted,
         "counted in redis again: {} after {counted}",
         remaining(&back)
+    );
+    assert_eq!(server.http("GET", "/readyz", "").0, 200);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn killed_connections_fail_only_the_calls_in_flight_and_never_open_the_breaker() {
+    const IN_FLIGHT: usize = 32;
+    const KILLS: usize = 6;
+    let redis = RedisServer::start();
+    let server = Floodgate::start_with_env(
+        &[("rules.yaml", RULES)],
+        &["--backend", "redis", "--redis-url", &redis.url()],
+        &[("FLOODGATE_REDIS_COMMAND_TIMEOUT_MS", "2000")],
+    );
+    let stop = Arc::new(AtomicBool::new(false));
+    let mut tasks = Vec::new();
+    for task in 0..IN_FLIGHT {
+        let mut client = server.client().await;
+        let stop = stop.clone();
+        tasks.push(tokio::spawn(async move {
+            let user = format!("killed-{task}");
+            let (mut decided, mut refused) = (0, 0);
+            while !stop.load(Ordering::Relaxed) {
+                let ask = request("busy", vec![descriptor(&[("user", &user)])]);
+                let response = client.should_rate_limit(ask).await.expect("a decision");
+                match response.into_inner().overall_code {
+                    OK => decided += 1,
+                    _ => refused += 1,
+                }
+            }
+            (decided, refused)
+        }));
+    }
+    // More failures than `redis_breaker_failures` (5) within one breaker window, each a
+    // connection dropped under a full load: each costs the call in flight on it.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    for kill in 0..KILLS {
+        let clients = redis.command(&["CLIENT", "LIST"]);
+        let killed: usize = redis
+            .command(&["CLIENT", "KILL", "TYPE", "normal"])
+            .parse()
+            .expect("a count");
+        assert!(
+            killed >= 1,
+            "kill {kill}: floodgate had no connection to kill: {clients}\n{}",
+            server.stderr()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    stop.store(true, Ordering::Relaxed);
+    let (mut decided, mut refused) = (0, 0);
+    for task in tasks {
+        let (d, r) = task.await.expect("a client task");
+        decided += d;
+        refused += r;
+    }
+    assert!(
+        refused <= KILLS * IN_FLIGHT,
+        "{refused} requests failed over to fail_closed for {KILLS} dropped connections"
+    );
+    assert!(
+        decided > 10 * refused,
+        "decided {decided}, refused {refused}"
+    );
+    assert_eq!(
+        metric(
+            &server,
+            "floodgate_backend_errors_total{kind=\"circuit_open\"}"
+        ),
+        0.0,
+        "the breaker opened"
     );
     assert_eq!(server.http("GET", "/readyz", "").0, 200);
 }

@@ -6,7 +6,10 @@
 //! - **Failures over a window.** A call that fails outright (connection refused or reset, an
 //!   error reply for the whole call) is a failure. When at least `threshold` calls failed
 //!   within the last `window`, and no more answers than failures came in since the oldest of
-//!   them, the breaker opens.
+//!   them, the breaker opens. Requests that were in flight together when a failure was
+//!   counted fail with it (a dropped connection fails every request it carried): they are
+//!   one failure, not one each, so a connection killed under load costs the requests on it,
+//!   not the breaker.
 //! - **Silence over a window.** A call that runs out of time is not a failure: a busy Redis
 //!   answers late, and its replies keep coming. But when calls keep running out of time and
 //!   nothing at all has been answered for a whole `window` since the first of them went out,
@@ -63,6 +66,9 @@ pub struct Breaker {
     answers: AtomicU64,
     /// The latest `threshold` failures: when each happened, and `answers` at that moment.
     failures: Mutex<VecDeque<(u64, u64)>>,
+    /// When the latest failure counted was recorded: a request that started before it was
+    /// in flight with it, and its failure is the same one.
+    last_failure: AtomicU64,
     /// When the first call that timed out since the last answer went out; 0 when none.
     silent_since: AtomicU64,
     /// When the open breaker next admits a probe; 0 while closed.
@@ -86,6 +92,7 @@ impl Breaker {
             clock,
             answers: AtomicU64::new(0),
             failures: Mutex::new(VecDeque::with_capacity(threshold.min(1024))),
+            last_failure: AtomicU64::new(0),
             silent_since: AtomicU64::new(0),
             open_until: AtomicU64::new(0),
             probing: AtomicBool::new(false),
@@ -138,6 +145,11 @@ impl Breaker {
             Outcome::Failed => {
                 // The call ended, so it no longer waits: failures have their own rule.
                 self.silent_since.store(0, Ordering::Release);
+                let counted_last = self.last_failure.fetch_max(now, Ordering::AcqRel);
+                if started < counted_last {
+                    // In flight when the last failure was counted: the same failure.
+                    return;
+                }
                 if self.failed_too_often(now) {
                     self.open(now, "calls keep failing");
                 }
@@ -243,6 +255,26 @@ mod tests {
         call(&breaker, Outcome::Failed);
         assert_eq!(breaker.state(), BreakerState::Open);
         assert_eq!(breaker.admit(), Admission::Reject);
+    }
+
+    #[test]
+    fn requests_in_flight_together_fail_together_once() {
+        let (clock, breaker) = breaker();
+        // Ten requests go out on one connection, which is then dropped: one failure.
+        let started = breaker.now();
+        let admitted: Vec<Admission> = (0..10).map(|_| breaker.admit()).collect();
+        clock.advance(100);
+        for admission in admitted {
+            breaker.record(admission, Outcome::Failed, started);
+        }
+        assert_eq!(breaker.state(), BreakerState::Closed);
+        // Requests sent after it fail on their own: two more make three.
+        clock.advance(100);
+        call(&breaker, Outcome::Failed);
+        assert_eq!(breaker.state(), BreakerState::Closed);
+        clock.advance(100);
+        call(&breaker, Outcome::Failed);
+        assert_eq!(breaker.state(), BreakerState::Open);
     }
 
     #[test]
