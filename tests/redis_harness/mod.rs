@@ -5,11 +5,13 @@
 //! [`cluster::RedisCluster`] starts six of them as a three-primary, three-replica cluster,
 //! [`sentinel::Sentinels`] a primary, a replica and three sentinels; [`Access`] makes a server
 //! TLS-only ([`tls::Certificates`]) or closed to all but one ACL user; a
-//! [`partition::Partition`] relays to one and can cut it off like a network partition.
+//! [`partition::Partition`] relays to one and can cut it off like a network partition;
+//! [`netns::IsolatedRedis`] runs one on a host of its own that iptables partitions for real.
 
 #![allow(dead_code)]
 
 pub mod cluster;
+pub mod netns;
 pub mod partition;
 pub mod sentinel;
 pub mod tls;
