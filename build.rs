@@ -6,6 +6,12 @@
 use std::path::PathBuf;
 
 const SERVICE_PROTO: &str = "proto/envoy/service/ratelimit/v3/rls.proto";
+/// Rules over xDS: the Aggregated Discovery Service (floodgate is its client; the tests run
+/// a server) and envoyproxy/ratelimit's RateLimitConfig resource.
+const XDS_PROTOS: [&str; 2] = [
+    "proto/envoy/service/discovery/v3/ads.proto",
+    "proto/ratelimit/config/ratelimit/v3/rls_conf.proto",
+];
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let out_dir = PathBuf::from(std::env::var("OUT_DIR")?);
@@ -27,6 +33,22 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .compile_with_config(
             prost_config,
             &[PathBuf::from(SERVICE_PROTO)],
+            &[PathBuf::from("proto"), well_known.clone()],
+        )?;
+
+    // prost's own codec here: an xDS message that does not decode is not a caller's
+    // rate-limit request.
+    let mut xds_config = tonic_prost_build::Config::new();
+    xds_config
+        .protoc_executable(protoc_bin_vendored::protoc_bin_path()?)
+        .compile_well_known_types()
+        .extern_path(".google.protobuf", "::pbjson_types");
+    tonic_prost_build::configure()
+        .build_client(true)
+        .build_server(true)
+        .compile_with_config(
+            xds_config,
+            &XDS_PROTOS.map(PathBuf::from),
             &[PathBuf::from("proto"), well_known],
         )?;
 

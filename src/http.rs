@@ -58,7 +58,9 @@ async fn rlconfig(State(state): State<HttpState>) -> String {
 }
 
 async fn metrics_page(State(state): State<HttpState>) -> Response {
-    let page = (state.limiter.metrics()).render(state.limiter.backend(), state.limiter.memory());
+    let limiter = &state.limiter;
+    let origin = &limiter.rules().origin;
+    let page = (limiter.metrics()).render(origin, limiter.backend(), limiter.memory());
     ([(CONTENT_TYPE, metrics::CONTENT_TYPE)], page).into_response()
 }
 

@@ -19,3 +19,4 @@ pub mod rules;
 pub mod server;
 pub mod service;
 pub mod settings;
+pub mod xds;

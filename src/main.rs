@@ -15,9 +15,10 @@ use floodgate::backend::{
 };
 use floodgate::clock::SystemClock;
 use floodgate::reload::{Hangups, Reloader};
-use floodgate::rules::{DEFAULT_RULES_MAX_BYTES, RuleFiles, RuleSet};
+use floodgate::rules::{DEFAULT_RULES_MAX_BYTES, Origin, RuleFiles, RuleSet};
 use floodgate::service::{RateLimiter, ServiceOptions};
-use floodgate::settings::{BackendKind, HeaderStyle, LogFormat, Overrides, Settings};
+use floodgate::settings::{BackendKind, HeaderStyle, LogFormat, Overrides, RulesSource, Settings};
+use floodgate::xds::Subscription;
 use floodgate::{bench, query, server};
 
 /// mimalloc: the h2/tonic request path allocates many small, short-lived buffers, which
@@ -217,11 +218,29 @@ async fn serve(settings: Settings) -> anyhow::Result<()> {
         Ok(_) => {}
         Err(error) => tracing::warn!("could not raise the open files limit: {error}"),
     }
-    // The files read here are what later reloads compare the directory with.
-    let rule_files = RuleFiles::read(&settings.rules, settings.rules_max_bytes);
-    let rules = rule_files
-        .load()
-        .with_context(|| format!("loading rules from {}", settings.rules.display()))?;
+    // The files read here are what later reloads compare the directory with. Rules over
+    // xDS start empty, and wait for the server's first snapshot.
+    let (rules, rule_files) = match settings.rules_source {
+        RulesSource::Files => {
+            let files = RuleFiles::read(&settings.rules, settings.rules_max_bytes);
+            let rules = files
+                .load()
+                .with_context(|| format!("loading rules from {}", settings.rules.display()))?;
+            (rules, Some(files))
+        }
+        RulesSource::Xds => {
+            let origin = Origin::AwaitingXds {
+                server: settings.xds.server_url.clone(),
+            };
+            (
+                RuleSet {
+                    origin,
+                    ..RuleSet::default()
+                },
+                None,
+            )
+        }
+    };
     let clock = Arc::new(SystemClock);
     let memory = Arc::new(MemoryBackend::new(
         clock.clone(),
@@ -285,13 +304,34 @@ async fn serve(settings: Settings) -> anyhow::Result<()> {
         memory,
         ServiceOptions::from_settings(&settings),
     ));
+    if settings.rules_source == RulesSource::Xds {
+        let subscription = Subscription::new(
+            settings.xds.clone(),
+            settings.rules_max_bytes,
+            limiter.clone(),
+        );
+        let (_, first) = subscription.spawn();
+        if !settings.xds.start_without_initial_config {
+            tracing::info!(
+                server = %settings.xds.server_url,
+                "waiting for the first rules from the xDS server before serving"
+            );
+            tokio::select! {
+                _ = first.arrived() => {}
+                () = signals.received() => return Ok(()),
+            }
+        }
+    }
     let rule_count = limiter.rules().rules().count();
-    let reloader = Reloader::new(
-        &settings.rules,
-        settings.rules_max_bytes,
-        rule_files,
-        limiter.clone(),
-    );
+    let rules_origin = limiter.rules().origin.clone();
+    let reloader = rule_files.map(|files| {
+        Reloader::new(
+            &settings.rules,
+            settings.rules_max_bytes,
+            files,
+            limiter.clone(),
+        )
+    });
     let mut running = server::start(
         limiter,
         settings.grpc_addr,
@@ -301,12 +341,17 @@ async fn serve(settings: Settings) -> anyhow::Result<()> {
     .await?;
     let reload_interval = (settings.rules_reload_interval_ms > 0)
         .then(|| Duration::from_millis(settings.rules_reload_interval_ms));
-    reloader.spawn(reload_interval, hangups);
+    match reloader {
+        Some(reloader) => drop(reloader.spawn(reload_interval, hangups)),
+        // Rules over xDS change when the server says; SIGHUP has nothing to reload.
+        None => drop(hangups),
+    }
     tracing::info!(
         grpc = %running.grpc_addr,
         http = %running.http_addr,
         backend = settings.backend.name(),
         rules = rule_count,
+        rules_source = %rules_origin,
         "floodgate serving"
     );
     // Written with errors ignored: a closed stdout (`floodgate serve | head -1`, a log

@@ -1,4 +1,5 @@
-//! The generated Envoy RLS v3 types, tonic service and protobuf-JSON mapping.
+//! The generated Envoy RLS v3 types, tonic service and protobuf-JSON mapping; and the xDS
+//! messages, service and resource that deliver rules over ADS.
 //!
 //! The module tree mirrors the protobuf packages so the generated code's cross-package paths
 //! (`super::super::...`) resolve.
@@ -34,6 +35,11 @@ pub mod envoy {
         }
     }
     pub mod service {
+        pub mod discovery {
+            pub mod v3 {
+                tonic::include_proto!("envoy.service.discovery.v3");
+            }
+        }
         pub mod ratelimit {
             pub mod v3 {
                 tonic::include_proto!("envoy.service.ratelimit.v3");
@@ -41,6 +47,24 @@ pub mod envoy {
                     env!("OUT_DIR"),
                     "/envoy.service.ratelimit.v3.serde.rs"
                 ));
+            }
+        }
+    }
+}
+
+/// `google.rpc.Status`: why an xDS client refused a configuration.
+pub mod google {
+    pub mod rpc {
+        tonic::include_proto!("google.rpc");
+    }
+}
+
+/// envoyproxy/ratelimit's rule configuration as an xDS resource.
+pub mod ratelimit {
+    pub mod config {
+        pub mod ratelimit {
+            pub mod v3 {
+                tonic::include_proto!("ratelimit.config.ratelimit.v3");
             }
         }
     }

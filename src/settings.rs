@@ -49,6 +49,59 @@ impl BackendKind {
     }
 }
 
+/// Where the rules come from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum RulesSource {
+    /// The rule files of the `rules` directory, reloaded when they change.
+    #[default]
+    Files,
+    /// The `RateLimitConfig` snapshots an xDS management server sends (`xds.*`).
+    Xds,
+}
+
+/// The xDS management server that delivers the rules when `rules_source` is `xds`.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct XdsSettings {
+    /// `http://host:port`, or `https://host:port` for TLS.
+    pub server_url: String,
+    /// The node this replica subscribes as (the server may send each node its own rules).
+    pub node_id: String,
+    pub node_cluster: String,
+    /// PEM CA certificates the server's certificate must chain to (https); the system's
+    /// roots when unset.
+    pub ca_file: Option<PathBuf>,
+    /// PEM client certificate and key, for a server that requires them (mutual TLS).
+    pub cert_file: Option<PathBuf>,
+    pub key_file: Option<PathBuf>,
+    /// The name the server's certificate must carry, when not the URL's host.
+    pub server_name: Option<String>,
+    /// Serve at once with no rules until the first snapshot arrives, instead of waiting
+    /// for it before opening the listeners.
+    pub start_without_initial_config: bool,
+    /// Pauses between reconnections: from this, doubling (jittered) up to `retry_max_ms`.
+    pub retry_initial_ms: u64,
+    pub retry_max_ms: u64,
+}
+
+impl Default for XdsSettings {
+    fn default() -> Self {
+        XdsSettings {
+            server_url: "http://127.0.0.1:18000".into(),
+            node_id: "floodgate".into(),
+            node_cluster: "floodgate".into(),
+            ca_file: None,
+            cert_file: None,
+            key_file: None,
+            server_name: None,
+            start_without_initial_config: false,
+            retry_initial_ms: 500,
+            retry_max_ms: 30_000,
+        }
+    }
+}
+
 /// Log line format.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, clap::ValueEnum)]
 #[serde(rename_all = "lowercase")]
@@ -118,6 +171,8 @@ impl Default for ConnectionLimits {
 pub struct Settings {
     pub grpc_addr: SocketAddr,
     pub http_addr: SocketAddr,
+    /// Where the rules come from: the `rules` directory, or an xDS server (`xds`).
+    pub rules_source: RulesSource,
     /// Directory of rule files.
     pub rules: PathBuf,
     /// Milliseconds between looks at the rules directory for changes (0: only on SIGHUP).
@@ -125,6 +180,7 @@ pub struct Settings {
     /// The most bytes the rule files may hold together; a reload past it is rejected and the
     /// rules in force are kept (a load briefly holds about 60 times what it parses).
     pub rules_max_bytes: u64,
+    pub xds: XdsSettings,
     pub backend: BackendKind,
     /// The most counters held in memory (the memory backend, and the `local` failure
     /// policy's counters); past it a new counter takes the place of one expiring soon.
@@ -211,9 +267,11 @@ impl Default for Settings {
         Settings {
             grpc_addr: SocketAddr::from(([127, 0, 0, 1], 8081)),
             http_addr: SocketAddr::from(([127, 0, 0, 1], 8080)),
+            rules_source: RulesSource::Files,
             rules: PathBuf::from("examples/rules"),
             rules_reload_interval_ms: 1000,
             rules_max_bytes: crate::rules::DEFAULT_RULES_MAX_BYTES,
+            xds: XdsSettings::default(),
             backend: BackendKind::Memory,
             memory_max_counters: crate::backend::memory::DEFAULT_MAX_COUNTERS,
             redis_url: "redis://127.0.0.1:6379".into(),

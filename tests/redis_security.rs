@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use floodgate::proto::envoy::service::ratelimit::v3::rate_limit_response::Code;
 use harness::{Floodgate, POLICIES, descriptor, request};
-use redis_harness::tls::Certificates;
+use redis_harness::tls::{Certificates, ServerFiles};
 use redis_harness::{Access, RedisServer};
 
 const OK: i32 = Code::Ok as i32;
@@ -86,7 +86,7 @@ fn acl_server() -> RedisServer {
 
 fn tls_server(certificates: &Certificates, options: &[&str]) -> RedisServer {
     let access = Access {
-        tls: Some(certificates.server_files()),
+        tls: Some(ServerFiles::of(certificates)),
         user: None,
     };
     RedisServer::start_secured(&access, options)

@@ -27,7 +27,7 @@ use rule_stats::{RuleRegistry, SeriesLabels};
 use crate::backend::{Backend, BackendError, MemoryBackend};
 use crate::limiter::Decision;
 use crate::proto::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry;
-use crate::rules::Rule;
+use crate::rules::{Origin, Rule};
 
 /// Everything the service counts, one per [`RateLimiter`](crate::service::RateLimiter).
 #[derive(Debug)]
@@ -118,8 +118,9 @@ impl Metrics {
     }
 
     /// The whole page: these counts, the backend's and those of the counters in memory.
-    pub fn render(&self, backend: &Backend, memory: &MemoryBackend) -> String {
+    pub fn render(&self, origin: &Origin, backend: &Backend, memory: &MemoryBackend) -> String {
         let mut page = Exposition::default();
+        render_origin(&mut page, origin);
         self.render_rules(&mut page);
         self.render_service(&mut page);
         render_backend(&mut page, backend);
@@ -228,6 +229,24 @@ impl Metrics {
             page.histogram(name, &labels, &self.requests(endpoint).duration.snapshot());
         }
     }
+}
+
+/// Where the rules in force came from: a series that is always 1, labelled.
+fn render_origin(page: &mut Exposition, origin: &Origin) {
+    let name = "floodgate_rules_info";
+    let help = "The rules in force: their source (files or xds) and, from xds, the server and                 the snapshot's version (empty before the first snapshot).";
+    page.family(name, Kind::Gauge, help);
+    let (server, version) = match origin {
+        Origin::Files => ("", ""),
+        Origin::Xds { server, version } => (server.as_str(), version.as_str()),
+        Origin::AwaitingXds { server } => (server.as_str(), ""),
+    };
+    let labels = [
+        ("source", origin.source()),
+        ("server", server),
+        ("version", version),
+    ];
+    page.sample(name, &labels, 1u64);
 }
 
 fn render_backend(page: &mut Exposition, backend: &Backend) {

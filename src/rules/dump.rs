@@ -1,5 +1,6 @@
-//! The loaded rules as text, for `GET /rlconfig`: one line per rule, in the stable order of
-//! [`RuleSet::rules`], so two loads of the same files dump the same text.
+//! The loaded rules as text, for `GET /rlconfig`: where they came from, then one line per
+//! rule, in the stable order of [`RuleSet::rules`], so two loads of the same files dump the
+//! same text.
 
 use std::fmt::Write;
 
@@ -10,7 +11,7 @@ impl RuleSet {
     /// limit with its unit, multiplier, requests per unit, algorithm, burst, time zone and
     /// name (`none` where not set).
     pub fn dump(&self) -> String {
-        let mut out = String::new();
+        let mut out = format!("# rules from {}\n", self.origin);
         for rule in self.rules() {
             dump_rule(&mut out, rule);
         }

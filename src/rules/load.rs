@@ -213,7 +213,10 @@ fn load(sources: &[(String, String)], mut errors: Vec<LoadError>) -> Result<Rule
         }
     }
     if errors.is_empty() {
-        Ok(RuleSet { domains })
+        Ok(RuleSet {
+            domains,
+            origin: super::Origin::Files,
+        })
     } else {
         Err(LoadErrors(errors))
     }

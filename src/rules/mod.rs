@@ -169,6 +169,39 @@ pub struct Domain {
 pub struct RuleSet {
     /// Sorted by name, so `/rlconfig` is stable.
     pub domains: BTreeMap<String, Domain>,
+    pub origin: Origin,
+}
+
+/// Where a rule set came from, for `/rlconfig` and `floodgate_rules_info`.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub enum Origin {
+    /// The rule files of the rules directory.
+    #[default]
+    Files,
+    /// A snapshot from an xDS server: the server and the snapshot's version.
+    Xds { server: String, version: String },
+    /// Nothing yet: serving before the first xDS snapshot arrived.
+    AwaitingXds { server: String },
+}
+
+impl Origin {
+    /// `files` or `xds`, the source the settings name.
+    pub fn source(&self) -> &'static str {
+        match self {
+            Origin::Files => "files",
+            Origin::Xds { .. } | Origin::AwaitingXds { .. } => "xds",
+        }
+    }
+}
+
+impl std::fmt::Display for Origin {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Origin::Files => f.write_str("rule files"),
+            Origin::Xds { server, version } => write!(f, "xds {server}, version {version:?}"),
+            Origin::AwaitingXds { server } => write!(f, "xds {server}, no snapshot yet"),
+        }
+    }
 }
 
 impl Rule {

@@ -1175,7 +1175,8 @@ fn dump_lists_every_rule_with_every_limit_parameter() {
     );
     assert_eq!(
         rules.dump(),
-        "api.user: {unit=second, unit_multiplier=1, requests_per_unit=10, algorithm=gcra, burst=20, \
+        "# rules from rule files\n\
+         api.user: {unit=second, unit_multiplier=1, requests_per_unit=10, algorithm=gcra, burst=20, \
          timezone=none, name=fast} {unit=day, unit_multiplier=1, requests_per_unit=1000, \
          algorithm=fixed_window, burst=none, timezone=UTC, name=none}, shadow_mode=true, quota_mode=false\n\
          api.ldap: {unlimited, name=none}, shadow_mode=false, quota_mode=false\n"
@@ -1203,7 +1204,7 @@ fn dump_is_stable_across_loads() {
         .expect("loads")
         .dump();
     assert_eq!(one, two);
-    assert!(one.starts_with("y.k: "), "{one}");
+    assert!(one.starts_with("# rules from rule files\ny.k: "), "{one}");
 }
 
 #[test]

@@ -1,0 +1,233 @@
+//! Rules over xDS: floodgate as the client of a management server's Aggregated Discovery
+//! Service (State of the World), subscribed to envoyproxy/ratelimit's `RateLimitConfig`
+//! resources, as Envoy Gateway and Envoy AI Gateway deliver them.
+//!
+//! **Each snapshot is a rule set.** A response carries every `RateLimitConfig` the server
+//! has for this node; each becomes the rule file it describes (`convert.rs`) and the whole
+//! snapshot goes through the loader that rule files go through, with the same checks and
+//! the same bounds (`rules_max_bytes`, nesting). It takes effect with one atomic swap and is
+//! ACKed (the request carries the snapshot's version and nonce), or it is NACKed (the
+//! version still in force, the nonce, and the loader's errors in `error_detail`) and the
+//! rules in force stay.
+//!
+//! **The stream is kept.** A connection that fails, or a stream the server ends, is opened
+//! again after a pause that starts at `retry_initial_ms`, doubles up to `retry_max_ms` and
+//! is jittered, so replicas do not return in step; a stream that delivered a snapshot
+//! resets it. HTTP/2 keep-alive pings notice a server that went away without a word. The
+//! subscription names the version in force, so a restarted server knows what this replica
+//! runs.
+//!
+//! **Start-up** waits for the first accepted snapshot before the listeners open, unless
+//! `start_without_initial_config` is set: then floodgate serves at once with no rules (every
+//! request OK, nothing counted) until one arrives.
+
+mod connect;
+pub mod convert;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use prost::Message;
+use tokio::sync::{mpsc, watch};
+use tokio::task::JoinHandle;
+
+use crate::proto::envoy::config::core::v3::{Node, node::UserAgentVersionType};
+use crate::proto::envoy::service::discovery::v3::aggregated_discovery_service_client::AggregatedDiscoveryServiceClient;
+use crate::proto::envoy::service::discovery::v3::{DiscoveryRequest, DiscoveryResponse};
+use crate::proto::google::rpc::Status;
+use crate::proto::ratelimit::config::ratelimit::v3::RateLimitConfig;
+use crate::rules::{Origin, RuleSet};
+use crate::service::RateLimiter;
+use crate::settings::XdsSettings;
+
+pub use connect::XdsError;
+
+/// The resource floodgate subscribes to: envoyproxy/ratelimit's rule configuration.
+pub const TYPE_URL: &str = "type.googleapis.com/ratelimit.config.ratelimit.v3.RateLimitConfig";
+
+/// gRPC's INVALID_ARGUMENT, the code of a NACK's `error_detail`.
+const INVALID_ARGUMENT: i32 = 3;
+
+/// A subscription to the rules an xDS server holds for this node.
+pub struct Subscription {
+    settings: XdsSettings,
+    /// `rules_max_bytes`: the most the snapshot's rule files may hold together.
+    max_bytes: u64,
+    limiter: Arc<RateLimiter>,
+    /// The version of the snapshot in force, once one was accepted.
+    accepted: Option<String>,
+    /// Told each time a snapshot is accepted (start-up waits for the first).
+    applied: watch::Sender<u64>,
+}
+
+/// Resolves once the subscription has put a snapshot in force.
+pub struct FirstSnapshot(watch::Receiver<u64>);
+
+impl FirstSnapshot {
+    /// Waits for the first accepted snapshot; `false` if the subscription ended first.
+    pub async fn arrived(mut self) -> bool {
+        self.0.wait_for(|applied| *applied > 0).await.is_ok()
+    }
+}
+
+impl Subscription {
+    /// A subscription that puts each snapshot it accepts in force on `limiter`.
+    pub fn new(settings: XdsSettings, max_bytes: u64, limiter: Arc<RateLimiter>) -> Self {
+        Subscription {
+            settings,
+            max_bytes,
+            limiter,
+            accepted: None,
+            applied: watch::channel(0).0,
+        }
+    }
+
+    /// Runs in the background for as long as the process does.
+    pub fn spawn(mut self) -> (JoinHandle<()>, FirstSnapshot) {
+        let first = FirstSnapshot(self.applied.subscribe());
+        let task = tokio::spawn(async move { self.run().await });
+        (task, first)
+    }
+
+    async fn run(&mut self) {
+        let initial = Duration::from_millis(self.settings.retry_initial_ms.max(1));
+        let longest = Duration::from_millis(self.settings.retry_max_ms).max(initial);
+        let mut pause = initial;
+        loop {
+            let outcome = self.session().await;
+            let server = &self.settings.server_url;
+            match outcome {
+                Ok(true) => {
+                    tracing::info!(%server, "the xDS stream ended; subscribing again");
+                    pause = initial;
+                }
+                Ok(false) => tracing::warn!(%server, "the xDS stream ended before any snapshot"),
+                Err(error) => tracing::warn!(%server, %error, "xDS subscription failed"),
+            }
+            // Half the pause, and up to as much again at random: replicas spread out.
+            let jitter = pause.mul_f64(fastrand::f64()) / 2;
+            tokio::time::sleep(pause / 2 + jitter).await;
+            pause = (pause * 2).min(longest);
+        }
+    }
+
+    /// One stream: subscribes, then applies each snapshot and answers it, until the stream
+    /// ends. Whether it delivered a snapshot.
+    async fn session(&mut self) -> Result<bool, XdsError> {
+        let channel = connect::endpoint(&self.settings)?.connect().await?;
+        let mut client = AggregatedDiscoveryServiceClient::new(channel);
+        let (requests, outgoing) = mpsc::channel(4);
+        let outgoing = futures_util::stream::unfold(outgoing, |mut outgoing| async move {
+            outgoing.recv().await.map(|request| (request, outgoing))
+        });
+        // Queued before the call so that it opens the stream (4 fit; nothing else is queued).
+        let _ = requests.try_send(self.request(String::new(), None));
+        let mut responses = client
+            .stream_aggregated_resources(outgoing)
+            .await?
+            .into_inner();
+        tracing::info!(server = %self.settings.server_url, "subscribed to xDS rules");
+        let mut delivered = false;
+        while let Some(response) = responses.message().await? {
+            delivered = true;
+            let answer = self.answer(&response);
+            if requests.send(answer).await.is_err() {
+                break;
+            }
+        }
+        Ok(delivered)
+    }
+
+    /// Applies `response` and says so: its ACK, or its NACK with the reason.
+    fn answer(&mut self, response: &DiscoveryResponse) -> DiscoveryRequest {
+        let version = &response.version_info;
+        match self.apply(response) {
+            Ok(()) => {
+                tracing::info!(version, "xDS rules in force");
+                self.accepted = Some(version.clone());
+                self.applied.send_modify(|count| *count += 1);
+                self.request(response.nonce.clone(), None)
+            }
+            Err(error) => {
+                tracing::error!(
+                    version,
+                    "xDS rules refused, the rules in force stay: {error}"
+                );
+                let status = Status {
+                    code: INVALID_ARGUMENT,
+                    message: error,
+                    details: Vec::new(),
+                };
+                self.request(response.nonce.clone(), Some(status))
+            }
+        }
+    }
+
+    /// Loads every configuration of `response` as one rule set and puts it in force.
+    fn apply(&self, response: &DiscoveryResponse) -> Result<(), String> {
+        let loads = self.limiter.metrics().config_loads();
+        let loaded = self.load(response);
+        loads.record(loaded.is_ok());
+        self.limiter.replace_rules(loaded?);
+        Ok(())
+    }
+
+    fn load(&self, response: &DiscoveryResponse) -> Result<RuleSet, String> {
+        if response.type_url != TYPE_URL {
+            return Err(format!(
+                "a response of type {}, not {TYPE_URL}",
+                response.type_url
+            ));
+        }
+        let mut sources: Vec<(String, String)> = Vec::new();
+        for (index, resource) in response.resources.iter().enumerate() {
+            if resource.type_url != TYPE_URL {
+                return Err(format!(
+                    "resource {index} is a {}, not a {TYPE_URL}",
+                    resource.type_url
+                ));
+            }
+            let config = RateLimitConfig::decode(&resource.value[..])
+                .map_err(|error| format!("resource {index} does not decode: {error}"))?;
+            let (name, text) = convert::rule_source(&config);
+            if sources.iter().any(|(known, _)| *known == name) {
+                return Err(format!("two configurations are named {:?}", config.name));
+            }
+            sources.push((name, text));
+        }
+        let bytes: u64 = sources.iter().map(|(_, text)| text.len() as u64).sum();
+        if bytes > self.max_bytes {
+            return Err(format!(
+                "the snapshot's rules take {bytes} bytes as rule files, over rules_max_bytes \
+                 ({})",
+                self.max_bytes
+            ));
+        }
+        let mut rules = RuleSet::from_sources(&sources).map_err(|errors| errors.to_string())?;
+        rules.origin = Origin::Xds {
+            server: self.settings.server_url.clone(),
+            version: response.version_info.clone(),
+        };
+        Ok(rules)
+    }
+
+    /// A request of this subscription: the version in force, `nonce` of the response it
+    /// answers (empty to subscribe) and, for a NACK, why.
+    fn request(&self, nonce: String, error_detail: Option<Status>) -> DiscoveryRequest {
+        DiscoveryRequest {
+            version_info: self.accepted.clone().unwrap_or_default(),
+            node: Some(Node {
+                id: self.settings.node_id.clone(),
+                cluster: self.settings.node_cluster.clone(),
+                user_agent_name: "floodgate".into(),
+                user_agent_version_type: Some(UserAgentVersionType::UserAgentVersion(
+                    env!("CARGO_PKG_VERSION").into(),
+                )),
+            }),
+            resource_names: Vec::new(),
+            type_url: TYPE_URL.into(),
+            response_nonce: nonce,
+            error_detail,
+        }
+    }
+}

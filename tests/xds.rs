@@ -1,0 +1,237 @@
+//! Rules over xDS, end to end: the real `floodgate` subscribed to a management server the
+//! test runs (`tests/xds_support`), which pushes, updates and breaks snapshots of
+//! `RateLimitConfig`. floodgate ACKs what it accepts and decides under it, NACKs what it
+//! refuses and keeps the last good rules, subscribes again after the server restarts, and
+//! does all of it over mutual TLS.
+
+mod certs;
+mod harness;
+mod xds_support;
+
+use floodgate::proto::envoy::service::ratelimit::v3::RateLimitRequest;
+use floodgate::proto::ratelimit::config::ratelimit::v3::RateLimitUnit;
+use harness::{Floodgate, OK, OVER_LIMIT, descriptor, request};
+use xds_support::{Snapshot, Tls, XdsServer, config};
+
+/// A floodgate subscribed to `server_url`, with the extra `xds.*` settings of `env`.
+fn subscribed(server_url: &str, env: &[(&str, &str)]) -> Floodgate {
+    let mut all = vec![
+        ("FLOODGATE_RULES_SOURCE", "xds"),
+        ("FLOODGATE_XDS__SERVER_URL", server_url),
+        ("FLOODGATE_XDS__NODE_ID", "test-node"),
+        ("FLOODGATE_XDS__RETRY_INITIAL_MS", "50"),
+        ("FLOODGATE_XDS__RETRY_MAX_MS", "200"),
+    ];
+    all.extend_from_slice(env);
+    Floodgate::start_with_env(&[], &[], &all)
+}
+
+fn ask(key: &str, value: &str) -> RateLimitRequest {
+    request("xds", vec![descriptor(&[(key, value)])])
+}
+
+/// How many of `count` requests for `key=value` are allowed.
+async fn allowed(server: &Floodgate, key: &str, value: &str, count: usize) -> usize {
+    let mut allowed = 0;
+    for _ in 0..count {
+        if server.ask(ask(key, value)).await.overall_code == OK {
+            allowed += 1;
+        }
+    }
+    allowed
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pushed_snapshot_is_acked_and_decides_then_an_update_replaces_it() {
+    let xds = XdsServer::start(None).await;
+    xds.push(Snapshot::limit("1", "xds", "user", 2));
+    // Start-up waits for the first snapshot: serving means it is in force.
+    let server = subscribed(&xds.url("http"), &[]);
+    let ack = xds.ack_of("1").await;
+    let node = ack.node.expect("the node");
+    assert_eq!(
+        (node.id.as_str(), node.user_agent_name.as_str()),
+        ("test-node", "floodgate")
+    );
+    assert_eq!(ack.type_url, floodgate::xds::TYPE_URL);
+    assert_eq!(allowed(&server, "user", "a", 3).await, 2);
+
+    xds.push(Snapshot::limit("2", "xds", "user", 5));
+    xds.ack_of("2").await;
+    assert_eq!(allowed(&server, "user", "b", 6).await, 5);
+    let (_, rules) = server.http("GET", "/rlconfig", "");
+    assert!(
+        rules.starts_with(&format!(
+            "# rules from xds {}, version \"2\"",
+            xds.url("http")
+        )),
+        "{rules}"
+    );
+    let (_, metrics) = server.http("GET", "/metrics", "");
+    assert!(
+        metrics.contains(&format!(
+            "floodgate_rules_info{{source=\"xds\",server=\"{}\",version=\"2\"}} 1",
+            xds.url("http")
+        )),
+        "{metrics}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_broken_snapshot_is_nacked_with_the_error_and_the_last_good_rules_stay() {
+    let xds = XdsServer::start(None).await;
+    xds.push(Snapshot::limit("1", "xds", "user", 3));
+    let server = subscribed(&xds.url("http"), &[]);
+    xds.ack_of("1").await;
+
+    // A descriptor without a unit: no rule file would load.
+    xds.push(Snapshot {
+        version: "2".into(),
+        configs: vec![config("xds", "user", None, 1)],
+    });
+    let nack = xds.nack().await;
+    assert_eq!(
+        nack.version_info, "1",
+        "a NACK names the version still in force"
+    );
+    let error = nack.error_detail.expect("why");
+    assert_eq!(error.code, tonic::Code::InvalidArgument as i32);
+    assert!(
+        error.message.contains("xds:xds-limits"),
+        "{}",
+        error.message
+    );
+    assert!(error.message.contains("unit"), "{}", error.message);
+    assert_eq!(
+        allowed(&server, "user", "a", 4).await,
+        3,
+        "version 1 decides"
+    );
+
+    // Two configurations for one domain: refused too.
+    let duplicate = config("xds", "user", Some(RateLimitUnit::Second), 1);
+    let mut renamed = duplicate.clone();
+    renamed.name = "other".into();
+    xds.push(Snapshot {
+        version: "3".into(),
+        configs: vec![duplicate, renamed],
+    });
+    xds.request_where("a NACK of the duplicate domain", |r| {
+        r.error_detail
+            .as_ref()
+            .is_some_and(|e| e.message.contains("duplicate domain"))
+    })
+    .await;
+    let (_, metrics) = server.http("GET", "/metrics", "");
+    assert!(
+        metrics.contains("ratelimit_service_config_load_error 2"),
+        "{metrics}"
+    );
+
+    // A good one after the bad ones is accepted.
+    xds.push(Snapshot::limit("4", "xds", "user", 1));
+    xds.ack_of("4").await;
+    assert_eq!(allowed(&server, "user", "b", 2).await, 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_the_server_restarts_floodgate_subscribes_again_naming_its_version() {
+    let xds = XdsServer::start(None).await;
+    let addr = xds.addr;
+    xds.push(Snapshot::limit("7", "xds", "user", 2));
+    let server = subscribed(&xds.url("http"), &[]);
+    xds.ack_of("7").await;
+    xds.stop().await;
+    // The rules stay while the server is away.
+    assert_eq!(allowed(&server, "user", "a", 3).await, 2);
+
+    let restarted = XdsServer::start_on(addr, None).await;
+    let subscription = restarted
+        .request_where("a new subscription", |r| r.response_nonce.is_empty())
+        .await;
+    assert_eq!(subscription.version_info, "7");
+    restarted.push(Snapshot::limit("8", "xds", "user", 4));
+    restarted.ack_of("8").await;
+    assert_eq!(allowed(&server, "user", "b", 5).await, 4);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_initial_config_it_serves_at_once_with_no_rules() {
+    let xds = XdsServer::start(None).await;
+    let server = subscribed(
+        &xds.url("http"),
+        &[("FLOODGATE_XDS__START_WITHOUT_INITIAL_CONFIG", "true")],
+    );
+    assert_eq!(
+        allowed(&server, "user", "a", 5).await,
+        5,
+        "no rules: no limits"
+    );
+    let (_, rules) = server.http("GET", "/rlconfig", "");
+    assert!(rules.contains("no snapshot yet"), "{rules}");
+    xds.push(Snapshot::limit("1", "xds", "user", 1));
+    xds.ack_of("1").await;
+    assert_eq!(allowed(&server, "user", "b", 2).await, 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn over_mutual_tls_only_a_client_with_a_certificate_gets_the_rules() {
+    let certificates = certs::Certificates::generate();
+    let read = |path: &std::path::Path| std::fs::read(path).expect("a certificate file");
+    let server_pair = certificates.server();
+    let xds = XdsServer::start(Some(Tls {
+        cert: read(&server_pair.cert),
+        key: read(&server_pair.key),
+        client_ca: Some(read(&certificates.ca())),
+    }))
+    .await;
+    xds.push(Snapshot::limit("1", "xds", "user", 2));
+    let url = xds.url("https");
+    let ca = certs::text(&certificates.ca());
+    let client = certificates.client();
+    let (cert, key) = (certs::text(&client.cert), certs::text(&client.key));
+    let server = subscribed(
+        &url,
+        &[
+            ("FLOODGATE_XDS__CA_FILE", &ca),
+            ("FLOODGATE_XDS__CERT_FILE", &cert),
+            ("FLOODGATE_XDS__KEY_FILE", &key),
+        ],
+    );
+    xds.ack_of("1").await;
+    assert_eq!(allowed(&server, "user", "a", 3).await, 2);
+
+    // Without a client certificate the handshake is refused: no rules ever arrive.
+    let refused = subscribed(
+        &url,
+        &[
+            ("FLOODGATE_XDS__CA_FILE", &ca),
+            ("FLOODGATE_XDS__START_WITHOUT_INITIAL_CONFIG", "true"),
+        ],
+    );
+    refused.wait_for_log("xDS subscription failed");
+    assert_eq!(allowed(&refused, "user", "b", 3).await, 3);
+    assert_eq!(
+        xds.requests()
+            .iter()
+            .filter(|r| r.response_nonce.is_empty())
+            .count(),
+        1,
+        "only the client with a certificate subscribed"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn over_limit_answers_carry_the_xds_rule() {
+    let xds = XdsServer::start(None).await;
+    xds.push(Snapshot::limit("1", "xds", "user", 1));
+    let server = subscribed(&xds.url("http"), &[]);
+    assert_eq!(server.ask(ask("user", "c")).await.overall_code, OK);
+    let response = server.ask(ask("user", "c")).await;
+    assert_eq!(response.overall_code, OVER_LIMIT);
+    let limit = response.statuses[0]
+        .current_limit
+        .clone()
+        .expect("the limit");
+    assert_eq!(limit.requests_per_unit, 1);
+}
