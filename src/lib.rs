@@ -19,4 +19,6 @@ pub mod rules;
 pub mod server;
 pub mod service;
 pub mod settings;
+pub mod socket;
+pub mod tls;
 pub mod xds;

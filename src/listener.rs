@@ -1,4 +1,5 @@
-//! What both listeners accept: TCP connections that must earn the file descriptor they hold.
+//! What both listeners accept: connections (TCP, or a Unix socket's) that must earn the file
+//! descriptor they hold.
 //!
 //! A connection is a file descriptor, and the process has a limited number of them. Left
 //! alone, a client that connects and sends nothing, one that trickles a request's headers a
@@ -24,8 +25,10 @@ use std::time::Duration;
 
 use futures_util::Stream;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
-use tokio::net::{TcpListener, TcpStream};
+use tokio::net::TcpListener;
 use tokio::time::{Instant, Sleep};
+
+use crate::socket::{Connection, Listener, Socket};
 
 /// How long a connection may go without sending anything.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -159,50 +162,40 @@ impl<IO: AsyncWrite + Unpin> AsyncWrite for Guarded<IO> {
     }
 }
 
-impl tonic::transport::server::Connected for Guarded<TcpStream> {
-    type ConnectInfo = tonic::transport::server::TcpConnectInfo;
-
-    fn connect_info(&self) -> Self::ConnectInfo {
-        self.io.connect_info()
-    }
-}
-
 /// Back-off after a failed accept: from the first wait, doubling, up to the last.
 const ACCEPT_BACKOFF: (Duration, Duration) = (Duration::from_millis(5), Duration::from_secs(1));
 
-/// A listener's accepted connections, guarded, with no-delay set; accept errors wait and
-/// retry (see the module) and are logged at most once per back-off series.
+/// A listener's accepted connections, guarded (TCP ones with no-delay set); accept errors
+/// wait and retry (see the module) and are logged at most once per back-off series.
 pub struct Acceptor {
     /// The port's name in the log: `grpc` or `http`.
     name: &'static str,
-    listener: TcpListener,
+    listener: Listener,
     timeouts: Timeouts,
     /// While accepting fails: the wait before the next try, and the current wait.
     backoff: Option<(Duration, Pin<Box<Sleep>>)>,
 }
 
 impl Acceptor {
-    pub fn new(name: &'static str, listener: TcpListener, timeouts: Timeouts) -> Self {
+    pub fn new(name: &'static str, listener: impl Into<Listener>, timeouts: Timeouts) -> Self {
         Acceptor {
             name,
-            listener,
+            listener: listener.into(),
             timeouts,
             backoff: None,
         }
     }
 
     /// The next connection; waits out accept errors instead of returning them.
-    pub fn poll_accept(&mut self, cx: &mut Context<'_>) -> Poll<Guarded<TcpStream>> {
+    pub fn poll_accept(&mut self, cx: &mut Context<'_>) -> Poll<Guarded<Socket>> {
         loop {
             if let Some((_, wait)) = &mut self.backoff {
                 ready!(wait.as_mut().poll(cx));
             }
             match ready!(self.listener.poll_accept(cx)) {
-                Ok((stream, _)) => {
+                Ok(socket) => {
                     self.backoff = None;
-                    // Small answers go out at once; a failure here only costs latency.
-                    let _ = stream.set_nodelay(true);
-                    return Poll::Ready(Guarded::new(stream, self.timeouts));
+                    return Poll::Ready(Guarded::new(socket, self.timeouts));
                 }
                 // The client gave up before we accepted: nothing is wrong with the listener.
                 Err(e) if is_connection_error(&e) => {}
@@ -224,16 +217,24 @@ impl Acceptor {
     }
 
     /// The next connection (see [`poll_accept`](Self::poll_accept)).
-    pub async fn accept(&mut self) -> Guarded<TcpStream> {
+    pub async fn accept(&mut self) -> Guarded<Socket> {
         std::future::poll_fn(|cx| self.poll_accept(cx)).await
     }
 }
 
+impl From<TcpListener> for Listener {
+    fn from(listener: TcpListener) -> Self {
+        Listener::Tcp(listener)
+    }
+}
+
+/// Plain connections, as the gRPC server takes them (TLS ones come from `tls.rs`).
 impl Stream for Acceptor {
-    type Item = io::Result<Guarded<TcpStream>>;
+    type Item = io::Result<Connection>;
 
     fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
-        self.poll_accept(cx).map(|io| Some(Ok(io)))
+        self.poll_accept(cx)
+            .map(|io| Some(Ok(Connection::Plain(io))))
     }
 }
 
@@ -273,6 +274,7 @@ pub fn raise_open_files_limit() -> io::Result<(u64, u64)> {
 mod tests {
     use super::*;
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio::net::TcpStream;
 
     const TIMEOUTS: Timeouts = Timeouts {
         handshake: Duration::from_millis(100),
@@ -280,7 +282,7 @@ mod tests {
     };
 
     /// A guarded server end and its client.
-    async fn pair() -> (Guarded<TcpStream>, TcpStream) {
+    async fn pair() -> (Guarded<Socket>, TcpStream) {
         let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
         let client = TcpStream::connect(listener.local_addr().expect("addr"));
         let mut acceptor = Acceptor::new("test", listener, TIMEOUTS);

@@ -16,8 +16,10 @@ use floodgate::backend::{
 use floodgate::clock::SystemClock;
 use floodgate::reload::{Hangups, Reloader};
 use floodgate::rules::{DEFAULT_RULES_MAX_BYTES, Origin, RuleFiles, RuleSet};
+use floodgate::server::GrpcEndpoint;
 use floodgate::service::{RateLimiter, ServiceOptions};
 use floodgate::settings::{BackendKind, HeaderStyle, LogFormat, Overrides, RulesSource, Settings};
+use floodgate::tls::ServerTls;
 use floodgate::xds::Subscription;
 use floodgate::{bench, query, server};
 
@@ -332,9 +334,14 @@ async fn serve(settings: Settings) -> anyhow::Result<()> {
             limiter.clone(),
         )
     });
+    let grpc = GrpcEndpoint {
+        addr: settings.grpc_addr,
+        unix_socket: settings.grpc_unix_socket.clone(),
+        tls: ServerTls::load(&settings.grpc_tls)?,
+    };
     let mut running = server::start(
         limiter,
-        settings.grpc_addr,
+        grpc,
         settings.http_addr,
         settings.connection_limits,
     )

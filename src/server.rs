@@ -4,10 +4,13 @@
 //!
 //! Both ports hold their clients to [`ConnectionLimits`]: the handshake and idle timeouts of
 //! every accepted connection (`listener.rs`), HTTP/2 keep-alive pings and a stream limit,
-//! HTTP/1's header timeout, and a bound on each request's time, body included.
+//! HTTP/1's header timeout, and a bound on each request's time, body included. The gRPC
+//! port may listen on a Unix socket, serve TLS (`tls.rs`), and retire old connections
+//! (`max_connection_age_ms`).
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
+use std::path::PathBuf;
 use std::pin::{Pin, pin};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -33,10 +36,37 @@ use crate::proto::envoy::service::ratelimit::v3::rate_limit_service_server::Rate
 use crate::service::RateLimiter;
 use crate::service::grpc::GrpcService;
 use crate::settings::ConnectionLimits;
+use crate::socket::{Connection, Listener};
+use crate::tls::ServerTls;
+
+/// Where and how the gRPC port listens.
+pub struct GrpcEndpoint {
+    pub addr: SocketAddr,
+    /// Serve on this Unix socket instead of `addr`.
+    pub unix_socket: Option<PathBuf>,
+    /// Serve over TLS only.
+    pub tls: Option<Arc<ServerTls>>,
+}
+
+/// Where a listener is bound.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum BoundAddr {
+    Tcp(SocketAddr),
+    Unix(PathBuf),
+}
+
+impl std::fmt::Display for BoundAddr {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            BoundAddr::Tcp(addr) => write!(f, "{addr}"),
+            BoundAddr::Unix(path) => write!(f, "unix:{}", path.display()),
+        }
+    }
+}
 
 /// A server that is accepting requests.
 pub struct RunningServer {
-    pub grpc_addr: SocketAddr,
+    pub grpc_addr: BoundAddr,
     pub http_addr: SocketAddr,
     stop: watch::Sender<bool>,
     ready: Arc<AtomicBool>,
@@ -56,21 +86,31 @@ const OVERLOAD_CONNECTION_WINDOW: u32 = 16 << 20;
 /// rapid-reset guard; hyper's default is 20).
 const OVERLOAD_PENDING_RESETS: usize = 1024;
 
-/// Binds `grpc_addr` and `http_addr` (port 0 picks a free port) and starts serving, each
+/// Binds `grpc` and `http_addr` (port 0 picks a free port) and starts serving, each
 /// connection held to `limits`.
 pub async fn start(
     limiter: Arc<RateLimiter>,
-    grpc_addr: SocketAddr,
+    grpc: GrpcEndpoint,
     http_addr: SocketAddr,
     limits: ConnectionLimits,
 ) -> anyhow::Result<RunningServer> {
-    let grpc_listener = TcpListener::bind(grpc_addr)
-        .await
-        .with_context(|| format!("binding the gRPC address {grpc_addr}"))?;
+    let (grpc_listener, grpc_addr) = match &grpc.unix_socket {
+        Some(path) => {
+            let listener = Listener::bind_unix(path)
+                .with_context(|| format!("binding the gRPC socket {}", path.display()))?;
+            (listener, BoundAddr::Unix(path.clone()))
+        }
+        None => {
+            let listener = TcpListener::bind(grpc.addr)
+                .await
+                .with_context(|| format!("binding the gRPC address {}", grpc.addr))?;
+            let addr = listener.local_addr()?;
+            (Listener::Tcp(listener), BoundAddr::Tcp(addr))
+        }
+    };
     let http_listener = TcpListener::bind(http_addr)
         .await
         .with_context(|| format!("binding the HTTP address {http_addr}"))?;
-    let grpc_addr = grpc_listener.local_addr()?;
     let http_addr = http_listener.local_addr()?;
 
     let (health, health_service) = tonic_health::server::health_reporter();
@@ -90,7 +130,22 @@ pub async fn start(
         idle: millis(limits.idle_timeout_ms),
     };
     let keepalive = millis(limits.keepalive_interval_ms);
-    let grpc = tonic::transport::Server::builder()
+    let acceptor = Acceptor::new("grpc", grpc_listener, timeouts);
+    let incoming: GrpcIncoming = match grpc.tls {
+        Some(tls) => {
+            tls.spawn_reloader();
+            Box::pin(tls.incoming(acceptor, timeouts.handshake))
+        }
+        None => Box::pin(acceptor),
+    };
+    let mut builder = tonic::transport::Server::builder();
+    if limits.max_connection_age_ms > 0 {
+        builder = builder.max_connection_age(millis(limits.max_connection_age_ms));
+    }
+    if limits.max_connection_age_grace_ms > 0 {
+        builder = builder.max_connection_age_grace(millis(limits.max_connection_age_grace_ms));
+    }
+    let grpc = builder
         // Under overload, answers fall behind and clients cancel the requests they stopped
         // waiting for; h2 answers 20 such resets, or a connection window's worth of unread
         // request bodies (1 MiB: some 2,300 small requests), with GOAWAY, which fails every
@@ -108,10 +163,7 @@ pub async fn start(
         // open connections finish: a shutdown signal of tonic's own would stop it accepting
         // but keep the listener bound until the last connection closed.
         .serve_with_incoming_shutdown(
-            UntilStopped::new(
-                Acceptor::new("grpc", grpc_listener, timeouts),
-                wait_for_stop(stopped.clone()),
-            ),
+            UntilStopped::new(incoming, wait_for_stop(stopped.clone())),
             std::future::pending::<()>(),
         );
     let router = http::router(HttpState {
@@ -140,6 +192,9 @@ pub async fn start(
         watcher,
     })
 }
+
+/// The gRPC server's connections: plain, or after their TLS handshake.
+type GrpcIncoming = Pin<Box<dyn Stream<Item = std::io::Result<Connection>> + Send>>;
 
 fn millis(ms: u64) -> Duration {
     Duration::from_millis(ms)

@@ -151,6 +151,12 @@ pub struct ConnectionLimits {
     /// Streams (requests in flight) one HTTP/2 connection may have open; clients open more
     /// connections beyond it (Envoy's connection pool does).
     pub max_concurrent_streams: u32,
+    /// gRPC: a connection this old is asked to go (HTTP/2 GOAWAY), so that clients spread
+    /// over replicas added since they connected; 0: never.
+    pub max_connection_age_ms: u64,
+    /// gRPC: after `max_connection_age_ms`, how long its requests in flight get before the
+    /// connection is closed; 0: until they finish (each is bounded by `request_timeout_ms`).
+    pub max_connection_age_grace_ms: u64,
 }
 
 impl Default for ConnectionLimits {
@@ -161,6 +167,33 @@ impl Default for ConnectionLimits {
             keepalive_interval_ms: 30_000,
             request_timeout_ms: 10_000,
             max_concurrent_streams: 1024,
+            max_connection_age_ms: 0,
+            max_connection_age_grace_ms: 0,
+        }
+    }
+}
+
+/// TLS on the gRPC port.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct GrpcTls {
+    /// PEM certificate chain and private key: with both set, gRPC is served over TLS only.
+    pub cert_file: Option<PathBuf>,
+    pub key_file: Option<PathBuf>,
+    /// PEM CA certificates: set, clients must present a certificate that chains to one
+    /// (mutual TLS).
+    pub client_ca_file: Option<PathBuf>,
+    /// How often the files are read again for a rotated certificate; 0: never.
+    pub reload_interval_ms: u64,
+}
+
+impl Default for GrpcTls {
+    fn default() -> Self {
+        GrpcTls {
+            cert_file: None,
+            key_file: None,
+            client_ca_file: None,
+            reload_interval_ms: 10_000,
         }
     }
 }
@@ -170,6 +203,9 @@ impl Default for ConnectionLimits {
 #[serde(default, deny_unknown_fields)]
 pub struct Settings {
     pub grpc_addr: SocketAddr,
+    /// A Unix socket to serve gRPC on instead of `grpc_addr` (a sidecar's Envoy, say).
+    pub grpc_unix_socket: Option<PathBuf>,
+    pub grpc_tls: GrpcTls,
     pub http_addr: SocketAddr,
     /// Where the rules come from: the `rules` directory, or an xDS server (`xds`).
     pub rules_source: RulesSource,
@@ -266,6 +302,8 @@ impl Default for Settings {
     fn default() -> Self {
         Settings {
             grpc_addr: SocketAddr::from(([127, 0, 0, 1], 8081)),
+            grpc_unix_socket: None,
+            grpc_tls: GrpcTls::default(),
             http_addr: SocketAddr::from(([127, 0, 0, 1], 8080)),
             rules_source: RulesSource::Files,
             rules: PathBuf::from("examples/rules"),

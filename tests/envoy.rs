@@ -3,13 +3,16 @@
 //! `examples/envoy/rules/`, and forwards allowed requests to a small application. Every test
 //! sends plain HTTP requests through Envoy and checks what the client gets back.
 
+mod certs;
 mod envoy_support;
 mod harness;
 
 use std::net::{IpAddr, Ipv4Addr};
 
+use certs::{Certificates, text};
 use envoy_support::{
-    App, EXAMPLE_RULES, Envoy, OnFailure, Response, example_config, wait_for_a_fresh_minute,
+    App, EXAMPLE_RULES, Envoy, OnFailure, Response, example_config, tls_to_floodgate,
+    wait_for_a_fresh_minute,
 };
 use harness::Floodgate;
 
@@ -33,6 +36,41 @@ impl Stack {
         all_flags.extend_from_slice(flags);
         let floodgate = Floodgate::start(&[EXAMPLE_RULES], &all_flags);
         let envoy = Envoy::start(&example_config(floodgate.grpc_addr, app.addr, on_failure));
+        Stack {
+            envoy,
+            floodgate,
+            _app: app,
+        }
+    }
+
+    /// The example with floodgate's gRPC port over TLS (its server certificate from
+    /// `certificates`, and with `mutual` their CA required of clients); Envoy's cluster
+    /// trusts the CA and, when `present_certificate`, presents the client certificate.
+    fn start_over_tls(
+        certificates: &Certificates,
+        mutual: bool,
+        present_certificate: bool,
+    ) -> Stack {
+        let app = App::start();
+        let server = certificates.server();
+        let (cert, key, ca) = (
+            text(&server.cert),
+            text(&server.key),
+            text(&certificates.ca()),
+        );
+        let mut env = vec![
+            ("FLOODGATE_GRPC_TLS__CERT_FILE", cert.as_str()),
+            ("FLOODGATE_GRPC_TLS__KEY_FILE", key.as_str()),
+        ];
+        if mutual {
+            env.push(("FLOODGATE_GRPC_TLS__CLIENT_CA_FILE", ca.as_str()));
+        }
+        let floodgate =
+            Floodgate::start_with_env(&[EXAMPLE_RULES], &["--response-headers", "ietf"], &env);
+        let client = certificates.client();
+        let identity = present_certificate.then_some((client.cert.as_path(), client.key.as_path()));
+        let plain = example_config(floodgate.grpc_addr, app.addr, OnFailure::Allow);
+        let envoy = Envoy::start(&tls_to_floodgate(&plain, &certificates.ca(), identity));
         Stack {
             envoy,
             floodgate,
@@ -93,6 +131,43 @@ fn a_users_requests_past_the_limit_get_429_and_other_users_do_not() {
     }
     assert_rate_limited(&stack.get("/", &ALICE));
     assert_allowed(&stack.get("/", &[("x-user-id", "bob")]));
+}
+
+/// Alice's five requests a minute, then 429: floodgate decided every one.
+fn alice_is_limited(stack: &Stack) {
+    wait_for_a_fresh_minute();
+    for _ in 0..5 {
+        assert_allowed(&stack.get("/", &ALICE));
+    }
+    assert_rate_limited(&stack.get("/", &ALICE));
+}
+
+#[test]
+fn envoy_asks_floodgate_over_tls() {
+    let certificates = Certificates::generate();
+    alice_is_limited(&Stack::start_over_tls(&certificates, false, false));
+}
+
+#[test]
+fn envoy_asks_floodgate_over_mutual_tls() {
+    let certificates = Certificates::generate();
+    alice_is_limited(&Stack::start_over_tls(&certificates, true, true));
+}
+
+#[test]
+fn envoy_without_a_client_certificate_is_refused_and_fails_open() {
+    let certificates = Certificates::generate();
+    let stack = Stack::start_over_tls(&certificates, true, false);
+    for _ in 0..7 {
+        assert_allowed(&stack.get("/", &ALICE));
+    }
+    assert_eq!(
+        stack
+            .envoy
+            .counter("cluster.app.ratelimit.failure_mode_allowed"),
+        7,
+        "floodgate answered a client without a certificate"
+    );
 }
 
 #[test]

@@ -58,6 +58,37 @@ pub fn example_config(floodgate: SocketAddr, app: SocketAddr, on_failure: OnFail
     config
 }
 
+/// `config` with its `floodgate` cluster over TLS: Envoy checks floodgate's certificate
+/// against `ca` (for the name `localhost`) and, for mutual TLS, presents `client` (a
+/// certificate and its key). The transport socket the README shows.
+pub fn tls_to_floodgate(config: &str, ca: &Path, client: Option<(&Path, &Path)>) -> String {
+    let mut socket = format!(
+        "      transport_socket:
+        name: envoy.transport_sockets.tls
+        typed_config:
+          \"@type\": type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.UpstreamTlsContext
+          sni: localhost
+          common_tls_context:
+            alpn_protocols: [h2]
+            validation_context:
+              trusted_ca: {{ filename: {} }}
+",
+        ca.display()
+    );
+    if let Some((cert, key)) = client {
+        socket.push_str(&format!(
+            "            tls_certificates:
+              - certificate_chain: {{ filename: {} }}
+                private_key: {{ filename: {} }}
+",
+            cert.display(),
+            key.display()
+        ));
+    }
+    let cluster = "    - name: floodgate\n      type: STATIC\n";
+    replace_once(config, cluster, &format!("{cluster}{socket}"))
+}
+
 /// Replaces the one occurrence of `from`; fails when the example no longer has exactly one,
 /// so an edit to the example cannot silently leave a test on the wrong port.
 fn replace_once(text: &str, from: &str, to: &str) -> String {

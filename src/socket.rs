@@ -1,0 +1,128 @@
+//! What floodgate serves on: a TCP port or a Unix socket, and on the gRPC side the same
+//! under TLS. One type each, so that one server serves whichever the settings chose.
+
+use std::io;
+use std::path::Path;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::net::{TcpListener, TcpStream, UnixListener, UnixStream};
+use tokio_rustls::server::TlsStream;
+
+use crate::listener::Guarded;
+
+/// A bound listener.
+pub enum Listener {
+    Tcp(TcpListener),
+    Unix(UnixListener),
+}
+
+impl Listener {
+    /// Binds the Unix socket `path`, replacing a socket file a previous run left there
+    /// (anything else at the path is an error, never removed).
+    pub fn bind_unix(path: &Path) -> io::Result<Listener> {
+        use std::os::unix::fs::FileTypeExt;
+        if let Ok(metadata) = std::fs::symlink_metadata(path)
+            && metadata.file_type().is_socket()
+        {
+            std::fs::remove_file(path)?;
+        }
+        UnixListener::bind(path).map(Listener::Unix)
+    }
+
+    pub fn poll_accept(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<Socket>> {
+        match self {
+            Listener::Tcp(listener) => listener.poll_accept(cx).map_ok(|(stream, _)| {
+                // Small answers go out at once; a failure here only costs latency.
+                let _ = stream.set_nodelay(true);
+                Socket::Tcp(stream)
+            }),
+            Listener::Unix(listener) => listener
+                .poll_accept(cx)
+                .map_ok(|(stream, _)| Socket::Unix(stream)),
+        }
+    }
+}
+
+/// An accepted connection.
+pub enum Socket {
+    Tcp(TcpStream),
+    Unix(UnixStream),
+}
+
+/// A connection the gRPC server serves: plain, or under TLS once its handshake is done.
+pub enum Connection {
+    Plain(Guarded<Socket>),
+    Tls(Box<TlsStream<Guarded<Socket>>>),
+}
+
+impl tonic::transport::server::Connected for Connection {
+    /// Nothing of the peer is used by the services.
+    type ConnectInfo = ();
+
+    fn connect_info(&self) -> Self::ConnectInfo {}
+}
+
+/// AsyncRead and AsyncWrite for an enum whose every variant has them.
+macro_rules! delegate_io {
+    ($type:ty, $($variant:ident),+) => {
+        impl AsyncRead for $type {
+            fn poll_read(
+                self: Pin<&mut Self>,
+                cx: &mut Context<'_>,
+                buf: &mut ReadBuf<'_>,
+            ) -> Poll<io::Result<()>> {
+                match self.get_mut() {
+                    $(Self::$variant(io) => Pin::new(io).poll_read(cx, buf),)+
+                }
+            }
+        }
+
+        impl AsyncWrite for $type {
+            fn poll_write(
+                self: Pin<&mut Self>,
+                cx: &mut Context<'_>,
+                buf: &[u8],
+            ) -> Poll<io::Result<usize>> {
+                match self.get_mut() {
+                    $(Self::$variant(io) => Pin::new(io).poll_write(cx, buf),)+
+                }
+            }
+
+            fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+                match self.get_mut() {
+                    $(Self::$variant(io) => Pin::new(io).poll_flush(cx),)+
+                }
+            }
+
+            fn poll_shutdown(
+                self: Pin<&mut Self>,
+                cx: &mut Context<'_>,
+            ) -> Poll<io::Result<()>> {
+                match self.get_mut() {
+                    $(Self::$variant(io) => Pin::new(io).poll_shutdown(cx),)+
+                }
+            }
+
+            fn poll_write_vectored(
+                self: Pin<&mut Self>,
+                cx: &mut Context<'_>,
+                bufs: &[io::IoSlice<'_>],
+            ) -> Poll<io::Result<usize>> {
+                match self.get_mut() {
+                    $(Self::$variant(io) => Pin::new(io).poll_write_vectored(cx, bufs),)+
+                }
+            }
+
+            fn is_write_vectored(&self) -> bool {
+                match self {
+                    $(Self::$variant(io) => io.is_write_vectored(),)+
+                }
+            }
+        }
+    };
+}
+
+delegate_io!(Socket, Tcp, Unix);
+delegate_io!(Connection, Plain, Tls);

@@ -1,0 +1,230 @@
+//! TLS on the gRPC port (rustls): the server's certificate and, with a client CA, mutual
+//! TLS: a client without a certificate that chains to the CA is refused in the handshake.
+//!
+//! **Rotation.** The files are read again every `reload_interval_ms`; a change that loads
+//! becomes the configuration of every new connection (cert-manager and Envoy Gateway renew
+//! certificates in place), one that does not is logged and the configuration in force
+//! stays. Open connections keep the certificate they were made with.
+//!
+//! **Handshakes do not hold up accepting.** Each runs on its own beside the others, bounded
+//! by the handshake timeout, and only finished ones reach the gRPC server.
+
+use std::io;
+use std::path::Path;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use arc_swap::ArcSwap;
+use futures_util::future::BoxFuture;
+use futures_util::stream::{FuturesUnordered, Stream, StreamExt};
+use tokio_rustls::TlsAcceptor;
+use tokio_rustls::rustls::pki_types::pem::PemObject;
+use tokio_rustls::rustls::pki_types::{CertificateDer, PrivateKeyDer};
+use tokio_rustls::rustls::server::WebPkiClientVerifier;
+use tokio_rustls::rustls::{RootCertStore, ServerConfig};
+
+use crate::listener::Acceptor;
+use crate::settings::GrpcTls;
+use crate::socket::Connection;
+
+/// A TLS setting that cannot be served.
+#[derive(Debug, thiserror::Error)]
+pub enum TlsError {
+    #[error("grpc_tls: {0}")]
+    Settings(&'static str),
+    #[error("grpc_tls: reading {path}: {error}")]
+    Read { path: String, error: io::Error },
+    #[error("grpc_tls: {path}: {message}")]
+    Invalid { path: String, message: String },
+}
+
+/// The gRPC port's TLS configuration, as last loaded from its files.
+pub struct ServerTls {
+    settings: GrpcTls,
+    current: ArcSwap<ServerConfig>,
+    /// The files' contents the configuration in force was built from.
+    loaded: Mutex<Files>,
+}
+
+/// The contents of the TLS files.
+#[derive(Clone, PartialEq, Eq)]
+struct Files {
+    cert: Vec<u8>,
+    key: Vec<u8>,
+    client_ca: Option<Vec<u8>>,
+}
+
+impl ServerTls {
+    /// The configuration `settings` describe; `None` when they set no certificate (plain
+    /// gRPC).
+    pub fn load(settings: &GrpcTls) -> Result<Option<Arc<ServerTls>>, TlsError> {
+        if settings.cert_file.is_none() && settings.key_file.is_none() {
+            if settings.client_ca_file.is_some() {
+                return Err(TlsError::Settings(
+                    "client_ca_file needs cert_file and key_file",
+                ));
+            }
+            return Ok(None);
+        }
+        let files = Files::read(settings)?;
+        let config = files.server_config(settings)?;
+        Ok(Some(Arc::new(ServerTls {
+            settings: settings.clone(),
+            current: ArcSwap::from_pointee(config),
+            loaded: Mutex::new(files),
+        })))
+    }
+
+    /// Reads the files again and puts a changed configuration in force; whether it did.
+    /// A change that does not load is an error, and the configuration in force stays.
+    pub fn reload(&self) -> Result<bool, TlsError> {
+        let files = Files::read(&self.settings)?;
+        let mut loaded = self.loaded.lock().unwrap_or_else(PoisonError::into_inner);
+        if *loaded == files {
+            return Ok(false);
+        }
+        let config = files.server_config(&self.settings)?;
+        self.current.store(Arc::new(config));
+        *loaded = files;
+        Ok(true)
+    }
+
+    /// Reloads every `reload_interval_ms` (never when 0), for as long as the process runs.
+    pub fn spawn_reloader(self: &Arc<Self>) {
+        if self.settings.reload_interval_ms == 0 {
+            return;
+        }
+        let tls = self.clone();
+        let period = Duration::from_millis(self.settings.reload_interval_ms);
+        tokio::spawn(async move {
+            let mut ticks = tokio::time::interval(period);
+            ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                ticks.tick().await;
+                match tls.reload() {
+                    Ok(true) => tracing::info!("gRPC TLS certificate reloaded"),
+                    Ok(false) => {}
+                    Err(error) => tracing::error!(
+                        "gRPC TLS files changed but do not load, the certificate in force \
+                         stays: {error}"
+                    ),
+                }
+            }
+        });
+    }
+
+    /// The connections `acceptor` accepts, once their handshake is done within `timeout`.
+    pub fn incoming(self: Arc<Self>, acceptor: Acceptor, timeout: Duration) -> TlsIncoming {
+        TlsIncoming {
+            acceptor,
+            tls: self,
+            timeout,
+            handshakes: FuturesUnordered::new(),
+        }
+    }
+}
+
+impl Files {
+    fn read(settings: &GrpcTls) -> Result<Files, TlsError> {
+        let (Some(cert), Some(key)) = (&settings.cert_file, &settings.key_file) else {
+            return Err(TlsError::Settings("cert_file and key_file go together"));
+        };
+        Ok(Files {
+            cert: read(cert)?,
+            key: read(key)?,
+            client_ca: settings.client_ca_file.as_deref().map(read).transpose()?,
+        })
+    }
+
+    fn server_config(&self, settings: &GrpcTls) -> Result<ServerConfig, TlsError> {
+        let invalid = |path: &Option<std::path::PathBuf>, message: String| TlsError::Invalid {
+            path: path.as_deref().map(display).unwrap_or_default(),
+            message,
+        };
+        let chain: Vec<CertificateDer<'static>> = CertificateDer::pem_slice_iter(&self.cert)
+            .collect::<Result<_, _>>()
+            .map_err(|e| invalid(&settings.cert_file, e.to_string()))?;
+        if chain.is_empty() {
+            return Err(invalid(&settings.cert_file, "no certificate in it".into()));
+        }
+        let key = PrivateKeyDer::from_pem_slice(&self.key)
+            .map_err(|e| invalid(&settings.key_file, e.to_string()))?;
+        let builder = ServerConfig::builder();
+        let builder = match &self.client_ca {
+            None => builder.with_no_client_auth(),
+            Some(ca) => {
+                let path = &settings.client_ca_file;
+                let mut roots = RootCertStore::empty();
+                for certificate in CertificateDer::pem_slice_iter(ca) {
+                    let certificate = certificate.map_err(|e| invalid(path, e.to_string()))?;
+                    roots
+                        .add(certificate)
+                        .map_err(|e| invalid(path, e.to_string()))?;
+                }
+                let verifier = WebPkiClientVerifier::builder(Arc::new(roots))
+                    .build()
+                    .map_err(|e| invalid(path, e.to_string()))?;
+                builder.with_client_cert_verifier(verifier)
+            }
+        };
+        let mut config = builder
+            .with_single_cert(chain, key)
+            .map_err(|e| invalid(&settings.key_file, e.to_string()))?;
+        config.alpn_protocols = vec![b"h2".to_vec()];
+        Ok(config)
+    }
+}
+
+fn read(path: &Path) -> Result<Vec<u8>, TlsError> {
+    std::fs::read(path).map_err(|error| TlsError::Read {
+        path: display(path),
+        error,
+    })
+}
+
+fn display(path: &Path) -> String {
+    path.display().to_string()
+}
+
+/// Accepted connections after their TLS handshake (see the module).
+pub struct TlsIncoming {
+    acceptor: Acceptor,
+    tls: Arc<ServerTls>,
+    timeout: Duration,
+    handshakes: FuturesUnordered<BoxFuture<'static, Option<Connection>>>,
+}
+
+impl Stream for TlsIncoming {
+    type Item = io::Result<Connection>;
+
+    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        let this = &mut *self;
+        while let Poll::Ready(socket) = this.acceptor.poll_accept(cx) {
+            let acceptor = TlsAcceptor::from(this.tls.current.load_full());
+            let timeout = this.timeout;
+            this.handshakes.push(Box::pin(async move {
+                match tokio::time::timeout(timeout, acceptor.accept(socket)).await {
+                    Ok(Ok(stream)) => Some(Connection::Tls(Box::new(stream))),
+                    Ok(Err(error)) => {
+                        tracing::debug!("TLS handshake refused: {error}");
+                        None
+                    }
+                    Err(_) => {
+                        tracing::debug!("TLS handshake not done within the handshake timeout");
+                        None
+                    }
+                }
+            }));
+        }
+        loop {
+            match this.handshakes.poll_next_unpin(cx) {
+                Poll::Ready(Some(Some(connection))) => return Poll::Ready(Some(Ok(connection))),
+                Poll::Ready(Some(None)) => continue,
+                // No handshake under way: the acceptor's waker is registered.
+                Poll::Ready(None) | Poll::Pending => return Poll::Pending,
+            }
+        }
+    }
+}
