@@ -3,8 +3,8 @@
 # The Helm chart (helm/floodgate) runs it by default as ghcr.io/floodgate/floodgate.
 
 FROM rust:1-bookworm AS build
-# The image already has what the build needs: a C compiler (mimalloc), pkg-config and
-# OpenSSL's headers (native-tls); protoc comes from the protoc-bin-vendored crate.
+# The image already has what the build needs: a C compiler (mimalloc, ring); protoc comes
+# from the protoc-bin-vendored crate. TLS is rustls: no OpenSSL.
 WORKDIR /src
 COPY . .
 RUN --mount=type=cache,target=/usr/local/cargo/registry \
@@ -13,9 +13,10 @@ RUN --mount=type=cache,target=/usr/local/cargo/registry \
     && cp target/release/floodgate /usr/local/bin/floodgate
 
 FROM debian:bookworm-slim
-# libssl3 for native-tls (rediss://), ca-certificates to verify Redis servers' certificates.
+# ca-certificates: the system trust that Redis' and the xDS server's certificates are
+# checked against when no CA file is set.
 RUN apt-get update \
-    && apt-get install -y --no-install-recommends ca-certificates libssl3 \
+    && apt-get install -y --no-install-recommends ca-certificates \
     && rm -rf /var/lib/apt/lists/*
 COPY --from=build /usr/local/bin/floodgate /usr/local/bin/floodgate
 # The example rules, so the image serves something on its own; the chart mounts its

@@ -13,21 +13,20 @@ if ! need cargo; then
 fi
 
 # Real Redis for the redis backend and Lua tests, faketime to skew a server's clock, the
-# openssl command for the TLS tests' certificates, and OpenSSL's headers with pkg-config to
-# build Redis TLS support (native-tls links the system OpenSSL), prlimit (util-linux) to
-# start floodgate at a small descriptor limit, and ip (iproute2) with iptables to partition a
-# Redis in a network namespace of its own (Debian's packages).
+# openssl command for the TLS tests' certificates, prlimit (util-linux) to start floodgate at
+# a small descriptor limit, and ip (iproute2) with iptables to partition a Redis in a network
+# namespace of its own (Debian's packages).
 if ! need redis-server || ! need redis-cli || ! need faketime || ! need openssl || ! need prlimit \
-    || ! need ip || ! need iptables || ! pkg-config --exists openssl 2>/dev/null; then
+    || ! need ip || ! need iptables; then
     if [ "$(id -u)" = 0 ] && need apt-get; then
-        echo "== installing redis-server, redis-tools, faketime, openssl, libssl-dev, pkg-config, util-linux, iproute2, iptables"
+        echo "== installing redis-server, redis-tools, faketime, openssl, util-linux, iproute2, iptables"
         apt-get update -qq
-        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server redis-tools faketime openssl libssl-dev \
-            pkg-config util-linux iproute2 iptables >/dev/null
+        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server redis-tools faketime openssl \
+            util-linux iproute2 iptables >/dev/null
         # The package may start a system-wide server; the tests start their own.
         service redis-server stop >/dev/null 2>&1 || true
     else
-        echo "required: apt-get install redis-server redis-tools faketime openssl libssl-dev pkg-config util-linux iproute2 iptables" >&2
+        echo "required: apt-get install redis-server redis-tools faketime openssl util-linux iproute2 iptables" >&2
         exit 1
     fi
 fi

@@ -11,7 +11,7 @@ use clap::{Args, Parser, Subcommand};
 
 use floodgate::backend::{
     Backend, Breaker, MemoryBackend, OverLimitCache, RedisBackend, RedisClusterBackend,
-    RedisOptions, Store,
+    RedisOptions, RedisTls, Store,
 };
 use floodgate::clock::SystemClock;
 use floodgate::reload::{Hangups, Reloader};
@@ -261,6 +261,7 @@ async fn serve(settings: Settings) -> anyhow::Result<()> {
             .filter(|password| !password.expose().is_empty())
             .cloned(),
         sentinel_master: settings.redis_sentinel_master.clone(),
+        tls: redis_tls(&settings)?,
     };
     // A Redis that is down at start-up is every rule's failure policy later, not a reason
     // to refuse to start: script loading failures are only logged.
@@ -382,6 +383,25 @@ async fn serve(settings: Settings) -> anyhow::Result<()> {
     running
         .shutdown(Duration::from_secs(settings.shutdown_grace))
         .await
+}
+
+/// The Redis TLS files the settings name, read; `None` when they name none.
+fn redis_tls(settings: &Settings) -> anyhow::Result<Option<RedisTls>> {
+    let read = |path: &Option<PathBuf>| -> anyhow::Result<Option<Vec<u8>>> {
+        (path.as_ref())
+            .map(|path| std::fs::read(path).with_context(|| format!("reading {}", path.display())))
+            .transpose()
+    };
+    let ca = read(&settings.redis_tls_ca_file)?;
+    let client = match (
+        read(&settings.redis_tls_cert_file)?,
+        read(&settings.redis_tls_key_file)?,
+    ) {
+        (Some(cert), Some(key)) => Some((cert, key)),
+        (None, None) => None,
+        _ => anyhow::bail!("redis_tls_cert_file and redis_tls_key_file go together"),
+    };
+    Ok((ca.is_some() || client.is_some()).then_some(RedisTls { ca, client }))
 }
 
 /// SIGINT and SIGTERM, registered when created: a signal that arrives before anyone waits

@@ -231,6 +231,12 @@ pub struct Settings {
     pub redis_password: Option<Password>,
     /// redis-sentinel: the name the sentinels monitor the primary under.
     pub redis_sentinel_master: String,
+    /// `rediss://`: a PEM CA Redis' certificate must chain to (else the system's trust, or
+    /// `SSL_CERT_FILE`).
+    pub redis_tls_ca_file: Option<PathBuf>,
+    /// `rediss://`: a PEM client certificate and key, for a Redis that requires one.
+    pub redis_tls_cert_file: Option<PathBuf>,
+    pub redis_tls_key_file: Option<PathBuf>,
     /// Connections to Redis; each is multiplexed, shared by every request in flight on it.
     pub redis_pool_size: usize,
     /// Milliseconds to open a connection to Redis.
@@ -316,6 +322,9 @@ impl Default for Settings {
             redis_username: None,
             redis_password: None,
             redis_sentinel_master: "mymaster".into(),
+            redis_tls_ca_file: None,
+            redis_tls_cert_file: None,
+            redis_tls_key_file: None,
             redis_pool_size: 1,
             redis_connect_timeout_ms: 250,
             redis_command_timeout_ms: 15,

@@ -1,5 +1,6 @@
 //! The redis backend on a secured Redis, end to end: TLS-only servers (`rediss://`, a test CA
-//! made with `openssl`) and ACL users, with real `floodgate` binaries.
+//! made with `openssl`), one that requires client certificates, and ACL users, with real
+//! `floodgate` binaries.
 
 mod harness;
 mod redis_harness;
@@ -149,4 +150,26 @@ async fn a_wrong_password_gets_the_failure_policies_and_a_log_line_without_it() 
         log.contains("Password authentication failed") && !log.contains(wrong),
         "the log names the problem and hides the password:\n{log}"
     );
+}
+
+#[tokio::test]
+async fn a_redis_that_requires_client_certificates_gets_the_one_in_the_settings() {
+    let certificates = Certificates::generate();
+    let redis = tls_server(&certificates, &[]);
+    // From here on, every new connection must present a certificate the CA signed.
+    redis.command(&["CONFIG", "SET", "tls-auth-clients", "yes"]);
+    let path = |path: std::path::PathBuf| path.display().to_string();
+    let client = certificates.client();
+    let (ca, cert, key) = (path(certificates.ca()), path(client.cert), path(client.key));
+    let with = start(
+        &redis.url(),
+        &[
+            ("FLOODGATE_REDIS_TLS_CA_FILE", &ca),
+            ("FLOODGATE_REDIS_TLS_CERT_FILE", &cert),
+            ("FLOODGATE_REDIS_TLS_KEY_FILE", &key),
+        ],
+    );
+    assert_counted(&with).await;
+    let without = start(&redis.url(), &[("FLOODGATE_REDIS_TLS_CA_FILE", &ca)]);
+    assert_failure_policies(&without).await;
 }

@@ -21,7 +21,7 @@ pub use breaker::Breaker;
 use breaker::{Admission, BreakerState, Outcome};
 pub use memory::MemoryBackend;
 pub use over_limit::OverLimitCache;
-pub use redis::{RedisBackend, RedisClusterBackend, RedisOptions};
+pub use redis::{RedisBackend, RedisClusterBackend, RedisOptions, RedisTls};
 
 use crate::limiter::{CounterKey, Decision, Hits, Limit};
 use crate::metrics::BackendStats;

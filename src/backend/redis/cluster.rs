@@ -125,6 +125,9 @@ impl RedisClusterBackend {
         if let Some(password) = &options.password {
             builder = builder.password(password.expose());
         }
+        if let Some(certificates) = &options.tls {
+            builder = builder.certs(certificates.certificates());
+        }
         let client = builder.build().map_err(|e| {
             BackendError::Config(format!("redis cluster {:?}: {e}", redact(&options.url)))
         })?;
@@ -481,6 +484,7 @@ mod tests {
             username: None,
             password: None,
             sentinel_master: "mymaster".into(),
+            tls: None,
         }
     }
 

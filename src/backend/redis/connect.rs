@@ -58,6 +58,39 @@ impl fmt::Debug for Password {
     }
 }
 
+/// PEM files for TLS to Redis (`rediss://`): a CA its certificate must chain to (else the
+/// system's trust, or `SSL_CERT_FILE`), and a client certificate with its key, for a Redis
+/// that requires one (`tls-auth-clients yes`).
+#[derive(Clone, PartialEq, Eq)]
+pub struct RedisTls {
+    pub ca: Option<Vec<u8>>,
+    pub client: Option<(Vec<u8>, Vec<u8>)>,
+}
+
+impl RedisTls {
+    pub(super) fn certificates(&self) -> redis::TlsCertificates {
+        redis::TlsCertificates {
+            client_tls: (self.client.clone()).map(|(client_cert, client_key)| {
+                redis::ClientTlsConfig {
+                    client_cert,
+                    client_key,
+                }
+            }),
+            root_cert: self.ca.clone(),
+        }
+    }
+}
+
+/// The files' contents are never printed.
+impl fmt::Debug for RedisTls {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RedisTls")
+            .field("ca", &self.ca.is_some())
+            .field("client", &self.client.is_some())
+            .finish()
+    }
+}
+
 impl fmt::Debug for RedisOptions {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("RedisOptions")
@@ -69,6 +102,7 @@ impl fmt::Debug for RedisOptions {
             .field("username", &self.username)
             .field("password", &self.password)
             .field("sentinel_master", &self.sentinel_master)
+            .field("tls", &self.tls)
             .finish()
     }
 }
@@ -96,9 +130,16 @@ impl Source {
         };
         let info = connection_info(&options.url).map_err(|e| settings_error(&e))?;
         let redis = with_credentials(info.redis_settings().clone(), options);
-        let manager =
-            deadpool_redis::Manager::new_with_config(info.set_redis_settings(redis), exchanges())
-                .map_err(|e| settings_error(&e))?;
+        let mut info = info.set_redis_settings(redis);
+        if let Some(certificates) = &options.tls {
+            // The certificates go into the connection info, where the pool finds them.
+            info = redis::Client::build_with_tls(info, certificates.certificates())
+                .map_err(|e| settings_error(&e))?
+                .get_connection_info()
+                .clone();
+        }
+        let manager = deadpool_redis::Manager::new_with_config(info, exchanges())
+            .map_err(|e| settings_error(&e))?;
         let pool = Pool::builder(manager)
             .max_size(options.pool_size.max(1))
             .wait_timeout(Some(options.command_timeout))
@@ -118,6 +159,13 @@ impl Source {
         let settings_error = |e: &dyn fmt::Display| {
             BackendError::Config(format!("redis sentinels {:?}: {e}", redact(&options.url)))
         };
+        if options.tls.is_some() {
+            return Err(BackendError::Config(
+                "redis TLS files (a CA or a client certificate) are not supported with \
+                 redis-sentinel: trust the CA through SSL_CERT_FILE"
+                    .into(),
+            ));
+        }
         let urls = super::cluster::seeds(&options.url)?;
         let sentinels = urls
             .iter()
@@ -307,6 +355,7 @@ mod tests {
             username: username.map(Into::into),
             password: password.map(Password::new),
             sentinel_master: "mymaster".into(),
+            tls: None,
         }
     }
 

@@ -26,7 +26,7 @@ pub mod script;
 pub mod slots;
 
 pub use cluster::RedisClusterBackend;
-pub use connect::{Password, redact};
+pub use connect::{Password, RedisTls, redact};
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
@@ -65,6 +65,8 @@ pub struct RedisOptions {
     pub password: Option<Password>,
     /// redis-sentinel: the name the sentinels monitor the primary under.
     pub sentinel_master: String,
+    /// TLS files for `rediss://`: a CA to trust, and a client certificate (mutual TLS).
+    pub tls: Option<RedisTls>,
 }
 
 impl RedisOptions {
