@@ -19,6 +19,9 @@ RUN apt-get update \
     && apt-get install -y --no-install-recommends ca-certificates \
     && rm -rf /var/lib/apt/lists/*
 COPY --from=build /usr/local/bin/floodgate /usr/local/bin/floodgate
+# envoyproxy/ratelimit's entry point: started under this name, floodgate reads upstream's
+# environment variables (Envoy Gateway and Istio's sample run /bin/ratelimit).
+RUN ln -s /usr/local/bin/floodgate /bin/ratelimit
 # The example rules, so the image serves something on its own; the chart mounts its
 # ConfigMap over this directory.
 COPY examples/rules /etc/floodgate/rules

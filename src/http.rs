@@ -3,6 +3,8 @@
 //!
 //! - `GET /healthz`: 200 while the process runs.
 //! - `GET /readyz`: 200 while serving, 503 while the backend fails or once shutdown began.
+//! - `GET /healthcheck`: `/readyz` under envoyproxy/ratelimit's name (Envoy Gateway's and
+//!   Istio's probes ask it).
 //! - `POST /json`: a protobuf-JSON `RateLimitRequest`; 200 OK, 429 over limit, 400 bad
 //!   request (with the reason), 503 backend unavailable; the body is the JSON response.
 //! - `GET /rlconfig`: the rules in force, one line per rule, stable order.
@@ -37,8 +39,16 @@ pub fn router(state: HttpState) -> Router {
     Router::new()
         .route("/healthz", get(|| async { "ok\n" }))
         .route("/readyz", get(readyz))
+        .route("/healthcheck", get(readyz))
         .route("/json", post(json))
         .route("/rlconfig", get(rlconfig))
+        .route("/metrics", get(metrics_page))
+        .with_state(state)
+}
+
+/// Only `GET /metrics`: upstream's separate Prometheus listener (`metrics_addr`).
+pub fn metrics_router(state: HttpState) -> Router {
+    Router::new()
         .route("/metrics", get(metrics_page))
         .with_state(state)
 }

@@ -8,6 +8,7 @@
 pub mod backend;
 pub mod bench;
 pub mod clock;
+pub mod compat;
 pub mod http;
 pub mod limiter;
 pub mod listener;

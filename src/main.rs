@@ -1,5 +1,7 @@
-//! The `floodgate` command: `serve` (the default), `check-config`, `query`, `bench`.
+//! The `floodgate` command: `serve` (the default), `check-config`, `query`, `bench`, and
+//! `ratelimit` (envoyproxy/ratelimit's environment; also the binary started as `ratelimit`).
 
+use std::collections::HashMap;
 use std::io::Write;
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -16,12 +18,12 @@ use floodgate::backend::{
 use floodgate::clock::SystemClock;
 use floodgate::reload::{Hangups, Reloader};
 use floodgate::rules::{DEFAULT_RULES_MAX_BYTES, Origin, RuleFiles, RuleSet};
-use floodgate::server::GrpcEndpoint;
+use floodgate::server::{Endpoints, GrpcEndpoint};
 use floodgate::service::{RateLimiter, ServiceOptions};
 use floodgate::settings::{BackendKind, HeaderStyle, LogFormat, Overrides, RulesSource, Settings};
 use floodgate::tls::ServerTls;
 use floodgate::xds::Subscription;
-use floodgate::{bench, query, server};
+use floodgate::{bench, compat, query, server};
 
 /// mimalloc: the h2/tonic request path allocates many small, short-lived buffers, which
 /// glibc's allocator serves markedly slower (see the README's performance section).
@@ -55,6 +57,9 @@ enum Command {
     Query(query::QueryArgs),
     /// Load-test a running server over gRPC and report throughput and latency.
     Bench(bench::BenchArgs),
+    /// Serve with envoyproxy/ratelimit's environment variables (also what the binary does
+    /// when started as `ratelimit`, the image's /bin/ratelimit).
+    Ratelimit,
 }
 
 /// Every flag is also a settings-file key and a `FLOODGATE_*` environment variable.
@@ -149,12 +154,18 @@ impl ServeArgs {
 }
 
 fn main() -> ExitCode {
+    // Started as upstream's binary: upstream's environment, and no arguments (it takes none).
+    let program = std::env::args_os().next().map(PathBuf::from);
+    if program.as_deref().and_then(|p| p.file_name()) == Some("ratelimit".as_ref()) {
+        return serve_upstream_environment().map_or_else(report, |()| ExitCode::SUCCESS);
+    }
     let cli = Cli::parse();
     let result = match cli.command.unwrap_or(Command::Serve(ServeArgs::default())) {
         Command::Serve(args) => args.settings().and_then(|settings| {
-            init_logging(settings.log_format);
+            init_logging(settings.log_format, "info");
             runtime()?.block_on(serve(settings))
         }),
+        Command::Ratelimit => serve_upstream_environment(),
         Command::CheckConfig {
             dir,
             rules_max_bytes,
@@ -181,9 +192,29 @@ fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
         .context("starting the async runtime")
 }
 
-fn init_logging(format: LogFormat) {
+/// Serves with envoyproxy/ratelimit's environment variables read as settings
+/// (`compat.rs`), under any `FLOODGATE_*` ones.
+fn serve_upstream_environment() -> anyhow::Result<()> {
+    let env: HashMap<String, String> = std::env::vars().collect();
+    let translated = compat::translate(&env)?;
+    let level = match translated.log_level.as_str() {
+        "fatal" | "panic" => "error",
+        level => level,
+    };
+    let layered = translated.env.into_iter().chain(env);
+    let settings =
+        Settings::load_from(None, layered, Overrides::default()).context("reading settings")?;
+    init_logging(settings.log_format, level);
+    for ignored in &translated.ignored {
+        tracing::warn!("envoyproxy/ratelimit setting not honoured: {ignored}");
+    }
+    runtime()?.block_on(serve(settings))
+}
+
+/// Logs at the level `RUST_LOG` names, or `default`.
+fn init_logging(format: LogFormat, default: &str) {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr);
@@ -340,13 +371,12 @@ async fn serve(settings: Settings) -> anyhow::Result<()> {
         unix_socket: settings.grpc_unix_socket.clone(),
         tls: ServerTls::load(&settings.grpc_tls)?,
     };
-    let mut running = server::start(
-        limiter,
+    let endpoints = Endpoints {
         grpc,
-        settings.http_addr,
-        settings.connection_limits,
-    )
-    .await?;
+        http: settings.http_addr,
+        metrics: settings.metrics_addr,
+    };
+    let mut running = server::start(limiter, endpoints, settings.connection_limits).await?;
     let reload_interval = (settings.rules_reload_interval_ms > 0)
         .then(|| Duration::from_millis(settings.rules_reload_interval_ms));
     match reloader {
@@ -362,11 +392,12 @@ async fn serve(settings: Settings) -> anyhow::Result<()> {
         rules_source = %rules_origin,
         "floodgate serving"
     );
+    let metrics = (running.metrics_addr).map_or(String::new(), |addr| format!(" metrics={addr}"));
     // Written with errors ignored: a closed stdout (`floodgate serve | head -1`, a log
     // shipper gone) must not take the server down.
     let _ = writeln!(
         std::io::stdout().lock(),
-        "floodgate listening: grpc={} http={}\n\
+        "floodgate listening: grpc={} http={}{metrics}\n\
          try: floodgate query --addr http://{} --domain floodgate_demo --descriptor user_id=alice\n\
          or:  curl -s -X POST http://{}/json -d '{{\"domain\":\"floodgate_demo\",\"descriptors\":[{{\"entries\":[{{\"key\":\"user_id\",\"value\":\"alice\"}}]}}]}}'",
         running.grpc_addr,

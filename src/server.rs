@@ -64,10 +64,19 @@ impl std::fmt::Display for BoundAddr {
     }
 }
 
+/// Where the server listens.
+pub struct Endpoints {
+    pub grpc: GrpcEndpoint,
+    pub http: SocketAddr,
+    /// `/metrics` alone, besides the HTTP port (envoyproxy/ratelimit's Prometheus port).
+    pub metrics: Option<SocketAddr>,
+}
+
 /// A server that is accepting requests.
 pub struct RunningServer {
     pub grpc_addr: BoundAddr,
     pub http_addr: SocketAddr,
+    pub metrics_addr: Option<SocketAddr>,
     stop: watch::Sender<bool>,
     ready: Arc<AtomicBool>,
     health: tonic_health::server::HealthReporter,
@@ -86,14 +95,18 @@ const OVERLOAD_CONNECTION_WINDOW: u32 = 16 << 20;
 /// rapid-reset guard; hyper's default is 20).
 const OVERLOAD_PENDING_RESETS: usize = 1024;
 
-/// Binds `grpc` and `http_addr` (port 0 picks a free port) and starts serving, each
-/// connection held to `limits`.
+/// Binds the `endpoints` (port 0 picks a free port) and starts serving, each connection
+/// held to `limits`.
 pub async fn start(
     limiter: Arc<RateLimiter>,
-    grpc: GrpcEndpoint,
-    http_addr: SocketAddr,
+    endpoints: Endpoints,
     limits: ConnectionLimits,
 ) -> anyhow::Result<RunningServer> {
+    let Endpoints {
+        grpc,
+        http: http_addr,
+        metrics,
+    } = endpoints;
     let (grpc_listener, grpc_addr) = match &grpc.unix_socket {
         Some(path) => {
             let listener = Listener::bind_unix(path)
@@ -112,6 +125,17 @@ pub async fn start(
         .await
         .with_context(|| format!("binding the HTTP address {http_addr}"))?;
     let http_addr = http_listener.local_addr()?;
+    let metrics_listener = match metrics {
+        Some(addr) => Some(
+            TcpListener::bind(addr)
+                .await
+                .with_context(|| format!("binding the metrics address {addr}"))?,
+        ),
+        None => None,
+    };
+    let metrics_addr = (metrics_listener.as_ref())
+        .map(TcpListener::local_addr)
+        .transpose()?;
 
     let (health, health_service) = tonic_health::server::health_reporter();
     health
@@ -166,25 +190,39 @@ pub async fn start(
             UntilStopped::new(incoming, wait_for_stop(stopped.clone())),
             std::future::pending::<()>(),
         );
-    let router = http::router(HttpState {
+    let state = HttpState {
         limiter,
         ready: ready.clone(),
+    };
+    let metrics = metrics_listener.map(|listener| {
+        serve_http(
+            Acceptor::new("metrics", listener, timeouts),
+            http::metrics_router(state.clone()),
+            limits,
+            wait_for_stop(stopped.clone()),
+        )
     });
     let http = serve_http(
         Acceptor::new("http", http_listener, timeouts),
-        router,
+        http::router(state),
         limits,
         wait_for_stop(stopped),
     );
 
     let tasks = tokio::spawn(async move {
-        let (grpc, ()) = tokio::join!(grpc, http);
+        let metrics = async {
+            if let Some(metrics) = metrics {
+                metrics.await;
+            }
+        };
+        let (grpc, (), ()) = tokio::join!(grpc, http, metrics);
         grpc.context("gRPC server")?;
         Ok(())
     });
     Ok(RunningServer {
         grpc_addr,
         http_addr,
+        metrics_addr,
         stop,
         ready,
         health,

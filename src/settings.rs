@@ -207,6 +207,9 @@ pub struct Settings {
     pub grpc_unix_socket: Option<PathBuf>,
     pub grpc_tls: GrpcTls,
     pub http_addr: SocketAddr,
+    /// Also serve `/metrics` alone on this address (envoyproxy/ratelimit's
+    /// `PROMETHEUS_ADDR`); the HTTP port serves it anyway.
+    pub metrics_addr: Option<SocketAddr>,
     /// Where the rules come from: the `rules` directory, or an xDS server (`xds`).
     pub rules_source: RulesSource,
     /// Directory of rule files.
@@ -311,6 +314,7 @@ impl Default for Settings {
             grpc_unix_socket: None,
             grpc_tls: GrpcTls::default(),
             http_addr: SocketAddr::from(([127, 0, 0, 1], 8080)),
+            metrics_addr: None,
             rules_source: RulesSource::Files,
             rules: PathBuf::from("examples/rules"),
             rules_reload_interval_ms: 1000,

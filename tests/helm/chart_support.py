@@ -93,6 +93,13 @@ VALUE_SETS: dict[str, dict[str, Any]] = {
         "preStopSleepSeconds": 0,
         "listenAddress": "::",
     },
+    "upstream_compat": {
+        "backend": "redis",
+        "upstreamCompat": {
+            "enabled": True,
+            "env": {"REDIS_SOCKET_TYPE": "tcp", "REDIS_URL": "redis:6379", "SHADOW_MODE": True},
+        },
+    },
 }
 
 

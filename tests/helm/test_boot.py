@@ -51,10 +51,12 @@ def pod_files(objects: list[Manifest], rules_dir: Path) -> dict[str, str]:
 
 
 @contextmanager
-def floodgate(env: dict[str, str]) -> Iterator[dict[str, str]]:
-    """`floodgate serve` (the container's args) with exactly `env`; yields its addresses."""
+def floodgate(env: dict[str, str], command: list[str] | None = None) -> Iterator[dict[str, str]]:
+    """`floodgate serve` (the container's args), or `command`, with exactly `env`; yields its
+    addresses."""
+    command = command or [str(floodgate_binary()), "serve"]
     with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
-        process = subprocess.Popen([str(floodgate_binary()), "serve"], env=env, stdout=out, stderr=err)
+        process = subprocess.Popen(command, env=env, stdout=out, stderr=err)
         try:
             yield wait_listening(process, out, err)
         finally:
@@ -191,3 +193,27 @@ def test_redis_url_and_password_from_the_charts_secret_reach_redis(
         capture_output=True, text=True, check=True,
     ).stdout.split()
     assert keys, "the counters live in Redis"
+
+
+def test_upstream_compat_boots_bin_ratelimit_on_the_charts_rules_and_redis(
+    tmp_path: Path, redis_with_password: tuple[int, str]
+) -> None:
+    port, password = redis_with_password
+    upstream = {"REDIS_SOCKET_TYPE": "tcp", "REDIS_URL": f"127.0.0.1:{port}", "REDIS_AUTH": password}
+    objects = manifests({"upstreamCompat": {"enabled": True, "env": upstream}})
+    pod = only(objects, "Deployment")["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    env = container_environment(objects)
+    (mount,) = [m for m in container["volumeMounts"] if m["name"] == "rules"]
+    assert f"{env['RUNTIME_ROOT']}/{env['RUNTIME_APPDIRECTORY']}" == mount["mountPath"]
+    rules = tmp_path / "runtime" / "rules"
+    rules.mkdir(parents=True)
+    for name, text in only(objects, "ConfigMap")["data"].items():
+        (rules / name).write_text(text)
+    env.update(RUNTIME_ROOT=str(tmp_path / "runtime"), HOST="127.0.0.1", PORT="0", GRPC_HOST="127.0.0.1", GRPC_PORT="0")
+    # The image's /bin/ratelimit: the binary started under that name.
+    ratelimit = tmp_path / "ratelimit"
+    ratelimit.symlink_to(floodgate_binary())
+    with floodgate(env, [str(ratelimit)]) as addresses:
+        assert three_demo_queries(addresses["grpc"]) == [OK, OK, OVER_LIMIT]
+        assert http_status(addresses["http"], "/healthcheck") == 200

@@ -185,6 +185,17 @@ def value_paths(values: dict[str, Any], prefix: str = "") -> list[str]:
     return paths
 
 
+def test_upstream_compat_runs_bin_ratelimit_with_upstreams_variables_and_no_redis_secret() -> None:
+    objects = manifests(VALUE_SETS["upstream_compat"])
+    assert "Secret" not in {o["kind"] for o in objects}, "the chart's Redis values are not used"
+    (container,) = only(objects, "Deployment")["spec"]["template"]["spec"]["containers"]
+    assert container["command"] == ["/bin/ratelimit"] and "args" not in container
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    assert env["REDIS_URL"] == "redis:6379" and env["SHADOW_MODE"] == "true"
+    assert (env["RUNTIME_ROOT"], env["RUNTIME_APPDIRECTORY"]) == ("/etc/floodgate", "rules")
+    assert not any(name.startswith("FLOODGATE_REDIS") for name in env)
+
+
 def test_notes_tell_envoy_where_the_grpc_service_is() -> None:
     notes = render({})["floodgate/templates/NOTES.txt"]
     assert f"rl-floodgate.{NAMESPACE}.svc.cluster.local:8081" in notes

@@ -6,7 +6,9 @@ use std::path::{Path, PathBuf};
 #[path = "../certs/mod.rs"]
 mod certs;
 
-pub use certs::Certificates;
+// Each test crate that includes the harness uses what it needs of these.
+#[allow(unused_imports)]
+pub use certs::{Certificates, text};
 
 /// What a TLS-only `redis-server` needs: its certificate, key, and the CA.
 #[derive(Debug, Clone)]

@@ -68,10 +68,11 @@ The ConfigMap holding the rule files: the chart's, or existingConfigMap.
 {{- end }}
 
 {{/*
-Whether counters live in Redis (any backend but memory).
+Whether the chart configures Redis: any backend but memory, unless upstreamCompat hands the
+configuration to envoyproxy/ratelimit's variables.
 */}}
 {{- define "floodgate.usesRedis" -}}
-{{- if ne .Values.backend "memory" }}true{{ end }}
+{{- if and (ne .Values.backend "memory") (not .Values.upstreamCompat.enabled) }}true{{ end }}
 {{- end }}
 
 {{/*

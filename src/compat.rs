@@ -1,0 +1,542 @@
+//! envoyproxy/ratelimit's deployment shape: its environment variables, read as floodgate's
+//! settings, for `floodgate ratelimit` and for the binary started as `ratelimit` (the
+//! image's `/bin/ratelimit`, which Envoy Gateway's and Istio's manifests run).
+//!
+//! Each upstream variable becomes the `FLOODGATE_*` variable of the setting it means, with
+//! upstream's defaults where floodgate's differ (listening on 0.0.0.0, rules under
+//! `/srv/runtime_data/current/config`, Redis as the backend, a 24 h connection age). An
+//! explicit `FLOODGATE_*` variable still wins, so floodgate's extensions stay reachable. What
+//! has no equivalent (statsd, memcache, custom header names) is listed at start-up, never
+//! silently dropped; what cannot be honoured safely (memcache as the backend, an unknown
+//! `CONFIG_TYPE`) is an error.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+/// Why upstream's environment cannot be served.
+#[derive(Debug, PartialEq, Eq, thiserror::Error)]
+#[error("envoyproxy/ratelimit environment: {0}")]
+pub struct CompatError(String);
+
+/// Upstream's environment as floodgate's.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct Translated {
+    /// `FLOODGATE_*` variables, to be read below the real ones.
+    pub env: Vec<(String, String)>,
+    /// The log filter `LOG_LEVEL` asks for (upstream's default: warn).
+    pub log_level: String,
+    /// Variables set that floodgate does not honour, each with why.
+    pub ignored: Vec<String>,
+}
+
+/// Reads upstream's variables from `env`.
+pub fn translate(env: &HashMap<String, String>) -> Result<Translated, CompatError> {
+    let mut out = Translator {
+        env,
+        translated: Translated::default(),
+    };
+    out.listeners()?;
+    out.rules()?;
+    out.backend()?;
+    out.behaviour()?;
+    out.observability()?;
+    Ok(out.translated)
+}
+
+struct Translator<'a> {
+    env: &'a HashMap<String, String>,
+    translated: Translated,
+}
+
+impl<'a> Translator<'a> {
+    /// Upstream's variable `name`, unless unset or empty (as envconfig reads it).
+    fn get(&self, name: &str) -> Option<&'a str> {
+        let env: &'a HashMap<String, String> = self.env;
+        env.get(name).map(String::as_str).filter(|v| !v.is_empty())
+    }
+
+    fn or(&self, name: &str, default: &'a str) -> &'a str {
+        self.get(name).unwrap_or(default)
+    }
+
+    fn flag(&self, name: &str) -> Result<bool, CompatError> {
+        match self.get(name) {
+            None => Ok(false),
+            Some(value) => parse_bool(value)
+                .ok_or_else(|| CompatError(format!("{name}={value:?} is not a boolean"))),
+        }
+    }
+
+    fn set(&mut self, setting: &str, value: impl Into<String>) {
+        let name = format!("FLOODGATE_{}", setting.to_uppercase().replace('.', "__"));
+        self.translated.env.push((name, value.into()));
+    }
+
+    /// `setting` = upstream's `name`, when it is set.
+    fn copy(&mut self, name: &str, setting: &str) {
+        if let Some(value) = self.get(name) {
+            self.set(setting, value);
+        }
+    }
+
+    fn ignore(&mut self, name: &str, why: &str) {
+        if self.get(name).is_some() {
+            self.translated.ignored.push(format!("{name}: {why}"));
+        }
+    }
+
+    fn millis(&self, name: &str, default: &str) -> Result<String, CompatError> {
+        let text = self.or(name, default);
+        let duration = go_duration(text)
+            .ok_or_else(|| CompatError(format!("{name}={text:?} is not a duration")))?;
+        Ok(duration.as_millis().to_string())
+    }
+
+    fn listeners(&mut self) -> Result<(), CompatError> {
+        let http = socket_addr(self.or("HOST", "0.0.0.0"), self.or("PORT", "8080"));
+        self.set("http_addr", http);
+        let grpc = socket_addr(
+            self.or("GRPC_HOST", "0.0.0.0"),
+            self.or("GRPC_PORT", "8081"),
+        );
+        self.set("grpc_addr", grpc);
+        self.copy("GRPC_UDS", "grpc_unix_socket");
+        if self.flag("GRPC_SERVER_USE_TLS")? {
+            self.copy("GRPC_SERVER_TLS_CERT", "grpc_tls.cert_file");
+            self.copy("GRPC_SERVER_TLS_KEY", "grpc_tls.key_file");
+            self.copy("GRPC_CLIENT_TLS_CACERT", "grpc_tls.client_ca_file");
+            self.ignore(
+                "GRPC_CLIENT_TLS_SAN",
+                "not checked: any client certificate the CA signed is accepted",
+            );
+        }
+        let age = self.millis("GRPC_MAX_CONNECTION_AGE", "24h")?;
+        self.set("connection_limits.max_connection_age_ms", age);
+        let grace = self.millis("GRPC_MAX_CONNECTION_AGE_GRACE", "1h")?;
+        self.set("connection_limits.max_connection_age_grace_ms", grace);
+        self.ignore("DEBUG_PORT", "/rlconfig is served on the HTTP port");
+        Ok(())
+    }
+
+    fn rules(&mut self) -> Result<(), CompatError> {
+        match self.or("CONFIG_TYPE", "FILE") {
+            "FILE" => {
+                let root = self.or("RUNTIME_ROOT", "/srv/runtime_data/current");
+                let dir = [
+                    root,
+                    self.or("RUNTIME_SUBDIRECTORY", ""),
+                    self.or("RUNTIME_APPDIRECTORY", "config"),
+                ]
+                .iter()
+                .filter(|part| !part.is_empty())
+                .map(|part| part.trim_end_matches('/'))
+                .collect::<Vec<_>>()
+                .join("/");
+                self.set("rules", dir);
+                self.set("rules_source", "files");
+            }
+            "GRPC_XDS_SOTW" => self.xds()?,
+            other => {
+                return Err(CompatError(format!(
+                    "CONFIG_TYPE={other:?}: FILE and GRPC_XDS_SOTW are offered"
+                )));
+            }
+        }
+        self.ignore("MERGE_DOMAIN_CONFIG", "a domain in two files is an error");
+        Ok(())
+    }
+
+    fn xds(&mut self) -> Result<(), CompatError> {
+        self.set("rules_source", "xds");
+        let tls = self.flag("CONFIG_GRPC_XDS_SERVER_USE_TLS")?;
+        let scheme = if tls { "https" } else { "http" };
+        let server = self.or("CONFIG_GRPC_XDS_SERVER_URL", "localhost:18000");
+        let url = if server.contains("://") {
+            server.to_owned()
+        } else {
+            format!("{scheme}://{server}")
+        };
+        self.set("xds.server_url", url);
+        self.set("xds.node_id", self.or("CONFIG_GRPC_XDS_NODE_ID", "default"));
+        if tls {
+            self.copy("CONFIG_GRPC_XDS_SERVER_TLS_CACERT", "xds.ca_file");
+            self.copy("CONFIG_GRPC_XDS_CLIENT_TLS_CERT", "xds.cert_file");
+            self.copy("CONFIG_GRPC_XDS_CLIENT_TLS_KEY", "xds.key_file");
+            self.copy("CONFIG_GRPC_XDS_SERVER_TLS_SAN", "xds.server_name");
+        }
+        let initial = match self.get("CONFIG_GRPC_XDS_SERVER_CONNECT_RETRY_INTERVAL") {
+            Some(_) => self.millis("CONFIG_GRPC_XDS_SERVER_CONNECT_RETRY_INTERVAL", "3s")?,
+            None => self.millis("XDS_CLIENT_BACKOFF_INITIAL_INTERVAL", "10s")?,
+        };
+        self.set("xds.retry_initial_ms", initial);
+        let longest = self.millis("XDS_CLIENT_BACKOFF_MAX_INTERVAL", "60s")?;
+        self.set("xds.retry_max_ms", longest);
+        if self.flag("FORCE_START_WITHOUT_INITIAL_CONFIG")? {
+            self.set("xds.start_without_initial_config", "true");
+        }
+        self.ignore(
+            "CONFIG_GRPC_XDS_NODE_METADATA",
+            "the node is sent with its id and cluster only",
+        );
+        self.ignore(
+            "CONFIG_GRPC_XDS_CLIENT_ADDITIONAL_HEADERS",
+            "no headers are added to the xDS stream",
+        );
+        Ok(())
+    }
+
+    fn backend(&mut self) -> Result<(), CompatError> {
+        match self.or("BACKEND_TYPE", "redis").to_lowercase().as_str() {
+            "redis" => {}
+            other => {
+                return Err(CompatError(format!(
+                    "BACKEND_TYPE={other:?}: redis is offered (floodgate's own `memory` \
+                     through FLOODGATE_BACKEND)"
+                )));
+            }
+        }
+        let kind = match self.or("REDIS_TYPE", "SINGLE").to_uppercase().as_str() {
+            "SINGLE" => "redis",
+            "CLUSTER" => "redis-cluster",
+            "SENTINEL" => "redis-sentinel",
+            other => {
+                return Err(CompatError(format!(
+                    "REDIS_TYPE={other:?}: SINGLE, CLUSTER or SENTINEL"
+                )));
+            }
+        };
+        self.set("backend", kind);
+        let tls = self.flag("REDIS_TLS")?;
+        let url = self.or("REDIS_URL", "/var/run/nutcracker/ratelimit.sock");
+        let mut addresses: Vec<&str> = url.split(',').map(str::trim).collect();
+        if kind == "redis-sentinel" {
+            // Upstream: the primary's name first, then the sentinels.
+            self.set("redis_sentinel_master", addresses.remove(0));
+        }
+        let suffix = if self.flag("REDIS_TLS_SKIP_HOSTNAME_VERIFICATION")? {
+            "/#insecure"
+        } else {
+            ""
+        };
+        let urls = match self.or("REDIS_SOCKET_TYPE", "unix") {
+            "unix" if kind == "redis" => format!("redis+unix://{}", addresses.join("")),
+            "tcp" => {
+                let scheme = if tls { "rediss" } else { "redis" };
+                (addresses.iter())
+                    .map(|address| format!("{scheme}://{address}{suffix}"))
+                    .collect::<Vec<_>>()
+                    .join(",")
+            }
+            other => {
+                return Err(CompatError(format!(
+                    "REDIS_SOCKET_TYPE={other:?}: tcp, or unix for a single Redis"
+                )));
+            }
+        };
+        self.set("redis_url", urls);
+        if let Some(auth) = self.get("REDIS_AUTH") {
+            match auth.split_once(':') {
+                Some((user, password)) => {
+                    self.set("redis_username", user);
+                    self.set("redis_password", password);
+                }
+                None => self.set("redis_password", auth),
+            }
+        }
+        if tls {
+            self.copy("REDIS_TLS_CACERT", "redis_tls_ca_file");
+            self.copy("REDIS_TLS_CLIENT_CERT", "redis_tls_cert_file");
+            self.copy("REDIS_TLS_CLIENT_KEY", "redis_tls_key_file");
+        }
+        self.copy("CACHE_KEY_PREFIX", "redis_key_prefix");
+        self.ignore(
+            "REDIS_POOL_SIZE",
+            "floodgate multiplexes one connection (redis_pool_size)",
+        );
+        self.ignore("REDIS_PERSECOND", "one Redis serves every unit");
+        self.ignore("MEMCACHE_HOST_PORT", "memcache is not offered");
+        Ok(())
+    }
+
+    fn behaviour(&mut self) -> Result<(), CompatError> {
+        self.copy("NEAR_LIMIT_RATIO", "near_limit_ratio");
+        if self.flag("SHADOW_MODE")? {
+            self.set("shadow_mode", "true");
+        }
+        if self.flag("STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT")? {
+            self.set("consume_on_reject", "false");
+        }
+        if self.flag("LIMIT_RESPONSE_HEADERS_ENABLED")? {
+            self.set("response_headers", "draft03");
+            for name in [
+                "LIMIT_LIMIT_HEADER",
+                "LIMIT_REMAINING_HEADER",
+                "LIMIT_RESET_HEADER",
+            ] {
+                self.ignore(
+                    name,
+                    "the header names are X-RateLimit-Limit/-Remaining/-Reset",
+                );
+            }
+        }
+        if self.flag("RESPONSE_DYNAMIC_METADATA")? {
+            self.set("dynamic_metadata", "true");
+        }
+        Ok(())
+    }
+
+    fn observability(&mut self) -> Result<(), CompatError> {
+        self.translated.log_level = self.or("LOG_LEVEL", "warn").to_lowercase();
+        if let Some(format) = self.get("LOG_FORMAT").map(str::to_lowercase) {
+            self.set("log_format", format);
+        }
+        if self.flag("USE_PROMETHEUS")? {
+            let addr = self.or("PROMETHEUS_ADDR", ":9090");
+            let addr = match addr.strip_prefix(':') {
+                Some(port) => format!("0.0.0.0:{port}"),
+                None => addr.to_owned(),
+            };
+            self.set("metrics_addr", addr);
+            if self.or("PROMETHEUS_PATH", "/metrics") != "/metrics" {
+                self.ignore("PROMETHEUS_PATH", "metrics are served on /metrics");
+            }
+        }
+        self.ignore("USE_STATSD", "statsd is not offered: scrape /metrics");
+        self.ignore("USE_DOG_STATSD", "statsd is not offered: scrape /metrics");
+        self.ignore("TRACING_ENABLED", "tracing is not offered yet");
+        Ok(())
+    }
+}
+
+/// `host:port`, an IPv6 host in brackets.
+fn socket_addr(host: &str, port: &str) -> String {
+    if host.contains(':') && !host.starts_with('[') {
+        format!("[{host}]:{port}")
+    } else {
+        format!("{host}:{port}")
+    }
+}
+
+/// Go's `strconv.ParseBool`.
+fn parse_bool(text: &str) -> Option<bool> {
+    match text {
+        "1" | "t" | "T" | "true" | "TRUE" | "True" => Some(true),
+        "0" | "f" | "F" | "false" | "FALSE" | "False" => Some(false),
+        _ => None,
+    }
+}
+
+/// A Go duration (`time.ParseDuration`): numbers with units, `1h30m`, `500ms`, `1.5s`, `0`.
+pub fn go_duration(text: &str) -> Option<Duration> {
+    if text == "0" {
+        return Some(Duration::ZERO);
+    }
+    let mut rest = text;
+    let mut total = 0f64;
+    if rest.is_empty() {
+        return None;
+    }
+    while !rest.is_empty() {
+        let number_end = rest
+            .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+            .filter(|&end| end > 0)?;
+        let value: f64 = rest[..number_end].parse().ok()?;
+        rest = &rest[number_end..];
+        let unit_end = rest
+            .find(|c: char| c.is_ascii_digit() || c == '.')
+            .unwrap_or(rest.len());
+        let seconds = match &rest[..unit_end] {
+            "ns" => 1e-9,
+            "us" | "µs" => 1e-6,
+            "ms" => 1e-3,
+            "s" => 1.0,
+            "m" => 60.0,
+            "h" => 3600.0,
+            _ => return None,
+        };
+        total += value * seconds;
+        rest = &rest[unit_end..];
+    }
+    Duration::try_from_secs_f64(total).ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn env(pairs: &[(&str, &str)]) -> HashMap<String, String> {
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    }
+
+    fn value<'a>(translated: &'a Translated, name: &str) -> Option<&'a str> {
+        (translated.env.iter())
+            .find(|(key, _)| key == name)
+            .map(|(_, value)| value.as_str())
+    }
+
+    #[test]
+    fn upstreams_defaults_listen_everywhere_and_read_the_runtime_directory() {
+        let translated = translate(&env(&[
+            ("REDIS_SOCKET_TYPE", "tcp"),
+            ("REDIS_URL", "redis:6379"),
+        ]))
+        .expect("translates");
+        assert_eq!(
+            value(&translated, "FLOODGATE_HTTP_ADDR"),
+            Some("0.0.0.0:8080")
+        );
+        assert_eq!(
+            value(&translated, "FLOODGATE_GRPC_ADDR"),
+            Some("0.0.0.0:8081")
+        );
+        assert_eq!(
+            value(&translated, "FLOODGATE_RULES"),
+            Some("/srv/runtime_data/current/config")
+        );
+        assert_eq!(value(&translated, "FLOODGATE_BACKEND"), Some("redis"));
+        assert_eq!(
+            value(&translated, "FLOODGATE_REDIS_URL"),
+            Some("redis://redis:6379")
+        );
+        assert_eq!(
+            value(
+                &translated,
+                "FLOODGATE_CONNECTION_LIMITS__MAX_CONNECTION_AGE_MS"
+            ),
+            Some("86400000")
+        );
+        assert_eq!(translated.log_level, "warn");
+        let ipv6 = translate(&env(&[("HOST", "::"), ("GRPC_HOST", "::1")])).expect("translates");
+        assert_eq!(value(&ipv6, "FLOODGATE_HTTP_ADDR"), Some("[::]:8080"));
+        assert_eq!(value(&ipv6, "FLOODGATE_GRPC_ADDR"), Some("[::1]:8081"));
+    }
+
+    #[test]
+    fn envoy_gateways_environment_subscribes_over_tls_and_serves_tls() {
+        let translated = translate(&env(&[
+            ("CONFIG_TYPE", "GRPC_XDS_SOTW"),
+            ("CONFIG_GRPC_XDS_SERVER_URL", "envoy-gateway:18001"),
+            ("CONFIG_GRPC_XDS_NODE_ID", "envoy-ratelimit"),
+            ("CONFIG_GRPC_XDS_SERVER_USE_TLS", "true"),
+            ("CONFIG_GRPC_XDS_CLIENT_TLS_CERT", "/certs/tls.crt"),
+            ("CONFIG_GRPC_XDS_CLIENT_TLS_KEY", "/certs/tls.key"),
+            ("CONFIG_GRPC_XDS_SERVER_TLS_CACERT", "/certs/ca.crt"),
+            ("FORCE_START_WITHOUT_INITIAL_CONFIG", "true"),
+            ("GRPC_SERVER_USE_TLS", "true"),
+            ("GRPC_SERVER_TLS_CERT", "/certs/tls.crt"),
+            ("GRPC_SERVER_TLS_KEY", "/certs/tls.key"),
+            ("GRPC_CLIENT_TLS_CACERT", "/certs/ca.crt"),
+            ("REDIS_SOCKET_TYPE", "tcp"),
+            ("REDIS_URL", "redis.redis-system.svc.cluster.local:6379"),
+            ("USE_PROMETHEUS", "true"),
+            ("PROMETHEUS_ADDR", ":19001"),
+            ("USE_STATSD", "false"),
+        ]))
+        .expect("translates");
+        let expected = [
+            ("FLOODGATE_RULES_SOURCE", "xds"),
+            ("FLOODGATE_XDS__SERVER_URL", "https://envoy-gateway:18001"),
+            ("FLOODGATE_XDS__NODE_ID", "envoy-ratelimit"),
+            ("FLOODGATE_XDS__CA_FILE", "/certs/ca.crt"),
+            ("FLOODGATE_XDS__CERT_FILE", "/certs/tls.crt"),
+            ("FLOODGATE_XDS__START_WITHOUT_INITIAL_CONFIG", "true"),
+            ("FLOODGATE_GRPC_TLS__CERT_FILE", "/certs/tls.crt"),
+            ("FLOODGATE_GRPC_TLS__CLIENT_CA_FILE", "/certs/ca.crt"),
+            ("FLOODGATE_METRICS_ADDR", "0.0.0.0:19001"),
+            ("FLOODGATE_XDS__RETRY_INITIAL_MS", "10000"),
+        ];
+        for (name, want) in expected {
+            assert_eq!(value(&translated, name), Some(want), "{name}");
+        }
+        assert!(
+            translated
+                .ignored
+                .iter()
+                .any(|i| i.starts_with("USE_STATSD"))
+        );
+    }
+
+    #[test]
+    fn redis_kinds_auth_and_tls_become_urls() {
+        let sentinel = translate(&env(&[
+            ("REDIS_TYPE", "SENTINEL"),
+            ("REDIS_SOCKET_TYPE", "tcp"),
+            ("REDIS_URL", "mymaster,s1:26379,s2:26379"),
+            ("REDIS_AUTH", "user:p@ss"),
+        ]))
+        .expect("translates");
+        assert_eq!(
+            value(&sentinel, "FLOODGATE_BACKEND"),
+            Some("redis-sentinel")
+        );
+        assert_eq!(
+            value(&sentinel, "FLOODGATE_REDIS_URL"),
+            Some("redis://s1:26379,redis://s2:26379")
+        );
+        assert_eq!(
+            value(&sentinel, "FLOODGATE_REDIS_SENTINEL_MASTER"),
+            Some("mymaster")
+        );
+        assert_eq!(value(&sentinel, "FLOODGATE_REDIS_USERNAME"), Some("user"));
+        assert_eq!(value(&sentinel, "FLOODGATE_REDIS_PASSWORD"), Some("p@ss"));
+
+        let cluster = translate(&env(&[
+            ("REDIS_TYPE", "cluster"),
+            ("REDIS_SOCKET_TYPE", "tcp"),
+            ("REDIS_URL", "a:6379,b:6379"),
+            ("REDIS_TLS", "true"),
+            ("REDIS_TLS_SKIP_HOSTNAME_VERIFICATION", "true"),
+        ]))
+        .expect("translates");
+        assert_eq!(
+            value(&cluster, "FLOODGATE_REDIS_URL"),
+            Some("rediss://a:6379/#insecure,rediss://b:6379/#insecure")
+        );
+        let unix = translate(&env(&[])).expect("upstream's default socket");
+        assert_eq!(
+            value(&unix, "FLOODGATE_REDIS_URL"),
+            Some("redis+unix:///var/run/nutcracker/ratelimit.sock")
+        );
+    }
+
+    #[test]
+    fn what_cannot_be_served_is_an_error_naming_the_variable() {
+        for (pairs, names) in [
+            (vec![("BACKEND_TYPE", "memcache")], "BACKEND_TYPE"),
+            (vec![("CONFIG_TYPE", "GRPC_XDS_DELTA")], "CONFIG_TYPE"),
+            (vec![("SHADOW_MODE", "maybe")], "SHADOW_MODE"),
+            (
+                vec![("GRPC_MAX_CONNECTION_AGE", "a day")],
+                "GRPC_MAX_CONNECTION_AGE",
+            ),
+        ] {
+            let error = translate(&env(&pairs)).expect_err("refused").to_string();
+            assert!(error.contains(names), "{error}");
+        }
+    }
+
+    #[test]
+    fn go_durations_read_as_go_reads_them() {
+        let cases = [
+            ("24h", 86_400_000),
+            ("1h30m", 5_400_000),
+            ("1.5s", 1_500),
+            ("500ms", 500),
+            ("0", 0),
+            ("3s", 3_000),
+        ];
+        for (text, millis) in cases {
+            assert_eq!(
+                go_duration(text).map(|d| d.as_millis()),
+                Some(millis),
+                "{text}"
+            );
+        }
+        for bad in ["", "1", "h", "1d", "-1s", "1h-"] {
+            assert_eq!(go_duration(bad), None, "{bad}");
+        }
+    }
+}

@@ -1,0 +1,226 @@
+//! envoyproxy/ratelimit's deployment shape, against the real binary: started as
+//! `ratelimit` (the image's `/bin/ratelimit`) with upstream's documented environment, it
+//! serves file rules on Redis, answers `/healthcheck`, serves Prometheus on its own port, and
+//! with Envoy Gateway's environment subscribes to an xDS server over mutual TLS and serves
+//! gRPC over TLS.
+
+mod harness;
+mod redis_harness;
+mod xds_support;
+
+use std::io::{BufRead, BufReader};
+use std::net::SocketAddr;
+use std::path::Path;
+use std::process::{Child, Stdio};
+
+use floodgate::proto::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
+use harness::{OK, OVER_LIMIT, descriptor, request};
+use redis_harness::RedisServer;
+use redis_harness::tls::{Certificates, text};
+use tonic::transport::{Certificate, ClientTlsConfig, Endpoint, Identity};
+use xds_support::{Snapshot, Tls, XdsServer};
+
+const RULES: &str = "domain: compat\ndescriptors:\n  - key: user\n    rate_limit: {unit: day, requests_per_unit: 2}\n";
+
+/// floodgate started as `ratelimit` with `env` (nothing else of the caller's environment),
+/// its log in `dir`; the child and the addresses of its startup line.
+struct Upstream {
+    child: Child,
+    log: std::path::PathBuf,
+    grpc: SocketAddr,
+    http: SocketAddr,
+    metrics: Option<SocketAddr>,
+}
+
+impl Upstream {
+    fn start(dir: &Path, env: &[(&str, &str)]) -> Upstream {
+        let binary = dir.join("ratelimit");
+        std::os::unix::fs::symlink(env!("CARGO_BIN_EXE_floodgate"), &binary)
+            .expect("a `ratelimit` link to the binary");
+        let log = dir.join("stderr");
+        let mut child = std::process::Command::new(&binary)
+            .env_clear()
+            .envs(env.iter().copied())
+            .stdout(Stdio::piped())
+            .stderr(std::fs::File::create(&log).expect("a log file"))
+            .spawn()
+            .expect("ratelimit starts");
+        let mut line = String::new();
+        BufReader::new(child.stdout.take().expect("stdout"))
+            .read_line(&mut line)
+            .expect("the startup line");
+        let address = |name: &str| {
+            line.split_whitespace()
+                .find_map(|part| part.strip_prefix(name))
+                .and_then(|addr| addr.parse().ok())
+        };
+        let stderr = std::fs::read_to_string(&log).unwrap_or_default();
+        Upstream {
+            grpc: address("grpc=").unwrap_or_else(|| panic!("no grpc in {line:?}: {stderr}")),
+            http: address("http=").unwrap_or_else(|| panic!("no http in {line:?}: {stderr}")),
+            metrics: address("metrics="),
+            child,
+            log,
+        }
+    }
+
+    fn stderr(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+}
+
+impl Drop for Upstream {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// The overall codes of three requests for `user` on `client`.
+async fn three_codes(
+    client: &mut RateLimitServiceClient<tonic::transport::Channel>,
+    user: &str,
+) -> Vec<i32> {
+    let mut codes = Vec::new();
+    for _ in 0..3 {
+        let ask = request("compat", vec![descriptor(&[("user", user)])]);
+        let response = client.should_rate_limit(ask).await.expect("a decision");
+        codes.push(response.into_inner().overall_code);
+    }
+    codes
+}
+
+#[tokio::test]
+async fn started_as_ratelimit_it_serves_upstreams_file_environment() {
+    let redis = RedisServer::start();
+    let dir = tempfile::tempdir().expect("a directory");
+    let rules = dir.path().join("runtime/ratelimit/config");
+    std::fs::create_dir_all(&rules).expect("the runtime directory");
+    std::fs::write(rules.join("compat.yaml"), RULES).expect("a rule file");
+    let root = dir.path().join("runtime").display().to_string();
+    let redis_url = format!("127.0.0.1:{}", redis.port());
+    let upstream = Upstream::start(
+        dir.path(),
+        &[
+            ("RUNTIME_ROOT", &root),
+            ("RUNTIME_SUBDIRECTORY", "ratelimit"),
+            ("HOST", "127.0.0.1"),
+            ("PORT", "0"),
+            ("GRPC_HOST", "127.0.0.1"),
+            ("GRPC_PORT", "0"),
+            ("REDIS_SOCKET_TYPE", "tcp"),
+            ("REDIS_URL", &redis_url),
+            ("USE_PROMETHEUS", "true"),
+            ("PROMETHEUS_ADDR", "127.0.0.1:0"),
+            ("USE_STATSD", "true"),
+            ("LOG_LEVEL", "info"),
+        ],
+    );
+    let mut client = RateLimitServiceClient::connect(format!("http://{}", upstream.grpc))
+        .await
+        .expect("gRPC");
+    assert_eq!(
+        three_codes(&mut client, "alice").await,
+        [OK, OK, OVER_LIMIT]
+    );
+    let keys = redis.command(&["DBSIZE"]);
+    assert_ne!(keys, "0", "counted in Redis");
+
+    let (status, body) = harness::http(upstream.http, "GET", "/healthcheck", "");
+    assert_eq!((status, body.trim()), (200, "ready"));
+    let metrics = upstream.metrics.expect("a Prometheus port");
+    let (status, page) = harness::http(metrics, "GET", "/metrics", "");
+    assert_eq!(status, 200);
+    assert!(
+        page.contains("ratelimit_service_config_load_success 1"),
+        "{page}"
+    );
+    assert_eq!(harness::http(metrics, "GET", "/rlconfig", "").0, 404);
+    let log = upstream.stderr();
+    assert!(log.contains("not honoured: USE_STATSD"), "{log}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn envoy_gateways_environment_gets_rules_over_mutual_tls_and_serves_tls() {
+    let certificates = Certificates::generate();
+    let read = |path: &Path| std::fs::read(path).expect("a certificate file");
+    let server_pair = certificates.server();
+    let xds = XdsServer::start(Some(Tls {
+        cert: read(&server_pair.cert),
+        key: read(&server_pair.key),
+        client_ca: Some(read(&certificates.ca())),
+    }))
+    .await;
+    let client_pair = certificates.client();
+    let (ca, cert, key) = (
+        text(&certificates.ca()),
+        text(&client_pair.cert),
+        text(&client_pair.key),
+    );
+    let (server_cert, server_key) = (text(&server_pair.cert), text(&server_pair.key));
+    let xds_url = xds.addr.to_string();
+    let dir = tempfile::tempdir().expect("a directory");
+    // What Envoy Gateway sets, but the listen addresses, and floodgate's memory backend
+    // through its own variable (it wins over upstream's Redis default).
+    let upstream = Upstream::start(
+        dir.path(),
+        &[
+            ("CONFIG_TYPE", "GRPC_XDS_SOTW"),
+            ("CONFIG_GRPC_XDS_SERVER_URL", &xds_url),
+            ("CONFIG_GRPC_XDS_NODE_ID", "envoy-ratelimit"),
+            ("CONFIG_GRPC_XDS_SERVER_USE_TLS", "true"),
+            ("CONFIG_GRPC_XDS_CLIENT_TLS_CERT", &cert),
+            ("CONFIG_GRPC_XDS_CLIENT_TLS_KEY", &key),
+            ("CONFIG_GRPC_XDS_SERVER_TLS_CACERT", &ca),
+            ("CONFIG_GRPC_XDS_SERVER_TLS_SAN", "localhost"),
+            ("XDS_CLIENT_BACKOFF_INITIAL_INTERVAL", "100ms"),
+            ("FORCE_START_WITHOUT_INITIAL_CONFIG", "true"),
+            ("GRPC_SERVER_USE_TLS", "true"),
+            ("GRPC_SERVER_TLS_CERT", &server_cert),
+            ("GRPC_SERVER_TLS_KEY", &server_key),
+            ("GRPC_CLIENT_TLS_CACERT", &ca),
+            ("HOST", "127.0.0.1"),
+            ("PORT", "0"),
+            ("GRPC_HOST", "127.0.0.1"),
+            ("GRPC_PORT", "0"),
+            ("FLOODGATE_BACKEND", "memory"),
+        ],
+    );
+    xds.push(Snapshot::limit("1", "compat", "user", 2));
+    let ack = xds.ack_of("1").await;
+    assert_eq!(ack.node.expect("the node").id, "envoy-ratelimit");
+
+    let tls = ClientTlsConfig::new()
+        .ca_certificate(Certificate::from_pem(read(&certificates.ca())))
+        .domain_name("localhost")
+        .identity(Identity::from_pem(
+            read(&client_pair.cert),
+            read(&client_pair.key),
+        ));
+    let channel = Endpoint::from_shared(format!("https://{}", upstream.grpc))
+        .expect("an endpoint")
+        .tls_config(tls)
+        .expect("TLS")
+        .connect()
+        .await
+        .unwrap_or_else(|e| panic!("a TLS connection: {e}\n{}", upstream.stderr()));
+    let mut client = RateLimitServiceClient::new(channel);
+    assert_eq!(
+        three_codes(&mut client, "alice").await,
+        [OK, OK, OVER_LIMIT]
+    );
+    let (status, _) = harness::http(upstream.http, "GET", "/healthcheck", "");
+    assert_eq!(status, 200);
+}
+
+#[test]
+fn an_upstream_setting_floodgate_cannot_serve_stops_the_start_naming_it() {
+    let output = harness::command()
+        .arg("ratelimit")
+        .env("BACKEND_TYPE", "memcache")
+        .output()
+        .expect("floodgate runs");
+    assert!(!output.status.success());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains("BACKEND_TYPE=\"memcache\""), "{stderr}");
+}
