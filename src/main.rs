@@ -343,7 +343,8 @@ async fn serve(settings: Settings) -> anyhow::Result<()> {
             settings.xds.clone(),
             settings.rules_max_bytes,
             limiter.clone(),
-        );
+        )
+        .map_err(|error| anyhow::anyhow!("xds.overlays_file: {error}"))?;
         let (_, first) = subscription.spawn();
         if !settings.xds.start_without_initial_config {
             tracing::info!(

@@ -83,6 +83,9 @@ pub struct XdsSettings {
     /// Pauses between reconnections: from this, doubling (jittered) up to `retry_max_ms`.
     pub retry_initial_ms: u64,
     pub retry_max_ms: u64,
+    /// A TOML file of overlays: floodgate's extensions (algorithm, burst, ...) for rules
+    /// the server delivers, by domain and descriptor path (`src/xds/overlay.rs`).
+    pub overlays_file: Option<PathBuf>,
 }
 
 impl Default for XdsSettings {
@@ -98,6 +101,7 @@ impl Default for XdsSettings {
             start_without_initial_config: false,
             retry_initial_ms: 500,
             retry_max_ms: 30_000,
+            overlays_file: None,
         }
     }
 }

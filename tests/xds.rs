@@ -235,3 +235,63 @@ async fn over_limit_answers_carry_the_xds_rule() {
         .expect("the limit");
     assert_eq!(limit.requests_per_unit, 1);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_overlay_gives_a_delivered_rule_floodgates_algorithm_and_burst() {
+    let xds = XdsServer::start(None).await;
+    // One a minute as delivered; a bucket of 4 with the overlay.
+    xds.push(Snapshot::limit("1", "xds", "user", 1));
+    let dir = tempfile::tempdir().expect("a directory");
+    let overlays = dir.path().join("overlays.toml");
+    std::fs::write(
+        &overlays,
+        "[[overlay]]\ndomain = 'xds'\npath = ['user']\nalgorithm = 'token_bucket'\nburst = 4\n",
+    )
+    .expect("the overlays file");
+    let path = overlays.display().to_string();
+    let server = subscribed(&xds.url("http"), &[("FLOODGATE_XDS__OVERLAYS_FILE", &path)]);
+    xds.ack_of("1").await;
+    assert_eq!(allowed(&server, "user", "a", 6).await, 4);
+    let (_, rules) = server.http("GET", "/rlconfig", "");
+    assert!(rules.contains("algorithm=token_bucket, burst=4"), "{rules}");
+
+    // An edited overlay applies from the next snapshot; one the loader refuses is a NACK.
+    std::fs::write(
+        &overlays,
+        "[[overlay]]\ndomain = 'xds'\npath = ['user']\nburst = 4\n",
+    )
+    .expect("a broken overlay");
+    xds.push(Snapshot::limit("2", "xds", "user", 1));
+    let nack = xds.nack().await;
+    let message = nack.error_detail.expect("why").message;
+    assert!(message.contains("burst"), "{message}");
+}
+
+#[test]
+fn an_overlays_file_that_does_not_read_stops_the_start_naming_it() {
+    let dir = tempfile::tempdir().expect("a directory");
+    let overlays = dir.path().join("overlays.toml");
+    std::fs::write(
+        &overlays,
+        "[[overlay]]\ndomain = 'a'\npath = []\nburts = 1\n",
+    )
+    .expect("write");
+    let output = harness::command()
+        .args([
+            "serve",
+            "--grpc-addr",
+            "127.0.0.1:0",
+            "--http-addr",
+            "127.0.0.1:0",
+        ])
+        .env("FLOODGATE_RULES_SOURCE", "xds")
+        .env("FLOODGATE_XDS__OVERLAYS_FILE", &overlays)
+        .output()
+        .expect("floodgate runs");
+    assert!(!output.status.success());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.contains("overlays.toml") && stderr.contains("burts"),
+        "{stderr}"
+    );
+}

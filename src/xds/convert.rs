@@ -5,18 +5,34 @@
 
 use serde_json::{Map, Value, json};
 
+use super::overlay::Overlays;
 use crate::proto::ratelimit::config::ratelimit::v3::{
     RateLimitConfig, RateLimitDescriptor, RateLimitPolicy, RateLimitUnit,
 };
 
-/// The rule file of `config`: the name its errors carry (`xds:<config name>`) and its text.
-pub fn rule_source(config: &RateLimitConfig) -> (String, String) {
+/// A configuration as a rule file.
+pub struct RuleSource {
+    /// The name its errors carry: `xds:<config name>`.
+    pub name: String,
+    pub text: String,
+    /// The overlays of its domain that changed nothing, each saying why.
+    pub unused_overlays: Vec<String>,
+}
+
+/// The rule file of `config`, with `overlays` merged in.
+pub fn rule_source(config: &RateLimitConfig, overlays: &Overlays) -> RuleSource {
     let mut document = Map::new();
     document.insert("domain".into(), config.domain.clone().into());
+    let mut list = descriptors(&config.descriptors);
+    let unused_overlays = overlays.apply(&config.domain, &mut list);
     if !config.descriptors.is_empty() {
-        document.insert("descriptors".into(), descriptors(&config.descriptors));
+        document.insert("descriptors".into(), list);
     }
-    (source_name(&config.name), pretty(&Value::Object(document)))
+    RuleSource {
+        name: source_name(&config.name),
+        text: pretty(&Value::Object(document)),
+        unused_overlays,
+    }
 }
 
 /// The name a configuration's rules are known by in errors and `/rlconfig`.
@@ -113,7 +129,8 @@ mod tests {
     }
 
     fn load(config: &RateLimitConfig) -> Result<RuleSet, crate::rules::LoadErrors> {
-        RuleSet::from_sources(&[rule_source(config)])
+        let source = rule_source(config, &Overlays::default());
+        RuleSet::from_sources(&[(source.name, source.text)])
     }
 
     #[test]
@@ -203,5 +220,45 @@ mod tests {
             domain.descriptors.nodes[0].value.as_deref(),
             Some("\"quoted\"\n#not a comment")
         );
+    }
+}
+
+#[cfg(test)]
+mod overlaid {
+    use super::*;
+    use crate::rules::RuleSet;
+
+    #[test]
+    fn an_overlay_gives_an_xds_rule_floodgates_algorithm_and_a_bad_one_fails_the_load() {
+        let config = RateLimitConfig {
+            name: "api".into(),
+            domain: "api".into(),
+            descriptors: vec![RateLimitDescriptor {
+                key: "user".into(),
+                rate_limit: Some(RateLimitPolicy {
+                    unit: RateLimitUnit::Minute as i32,
+                    requests_per_unit: 2,
+                    ..Default::default()
+                }),
+                ..Default::default()
+            }],
+        };
+        let overlays = |text: &str| -> Overlays { toml::from_str(text).expect("overlays") };
+        let good = overlays(
+            "[[overlay]]\ndomain = 'api'\npath = ['user']\nalgorithm = 'token_bucket'\nburst = 5\n",
+        );
+        let source = rule_source(&config, &good);
+        let rules = RuleSet::from_sources(&[(source.name, source.text)]).expect("loads");
+        assert!(
+            rules.dump().contains("algorithm=token_bucket, burst=5"),
+            "{}",
+            rules.dump()
+        );
+
+        let bad = overlays("[[overlay]]\ndomain = 'api'\npath = ['user']\nburst = 5\n");
+        let source = rule_source(&config, &bad);
+        let error = RuleSet::from_sources(&[(source.name, source.text)])
+            .expect_err("a burst on a fixed window");
+        assert!(error.to_string().contains("xds:api"), "{error}");
     }
 }

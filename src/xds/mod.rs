@@ -17,12 +17,17 @@
 //! subscription names the version in force, so a restarted server knows what this replica
 //! runs.
 //!
+//! **Overlays** (`overlay.rs`, `xds.overlays_file`) give delivered rules floodgate's
+//! extensions (algorithm, burst, unit multiplier, time zone, failure policy), merged in
+//! before the load; the file is read again at every snapshot.
+//!
 //! **Start-up** waits for the first accepted snapshot before the listeners open, unless
 //! `start_without_initial_config` is set: then floodgate serves at once with no rules (every
 //! request OK, nothing counted) until one arrives.
 
 mod connect;
 pub mod convert;
+pub mod overlay;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -39,6 +44,7 @@ use crate::proto::ratelimit::config::ratelimit::v3::RateLimitConfig;
 use crate::rules::{Origin, RuleSet};
 use crate::service::RateLimiter;
 use crate::settings::XdsSettings;
+use overlay::Overlays;
 
 pub use connect::XdsError;
 
@@ -58,6 +64,8 @@ pub struct Subscription {
     accepted: Option<String>,
     /// Told each time a snapshot is accepted (start-up waits for the first).
     applied: watch::Sender<u64>,
+    /// The operator's extensions for the delivered rules (`xds.overlays_file`), as last read.
+    overlays: Overlays,
 }
 
 /// Resolves once the subscription has put a snapshot in force.
@@ -71,14 +79,36 @@ impl FirstSnapshot {
 }
 
 impl Subscription {
-    /// A subscription that puts each snapshot it accepts in force on `limiter`.
-    pub fn new(settings: XdsSettings, max_bytes: u64, limiter: Arc<RateLimiter>) -> Self {
-        Subscription {
+    /// A subscription that puts each snapshot it accepts in force on `limiter`; an error
+    /// when the overlays file cannot be read.
+    pub fn new(
+        settings: XdsSettings,
+        max_bytes: u64,
+        limiter: Arc<RateLimiter>,
+    ) -> Result<Self, String> {
+        let overlays = match &settings.overlays_file {
+            Some(path) => Overlays::read(path)?,
+            None => Overlays::default(),
+        };
+        Ok(Subscription {
             settings,
             max_bytes,
             limiter,
             accepted: None,
             applied: watch::channel(0).0,
+            overlays,
+        })
+    }
+
+    /// Reads the overlays file again, so that an edit applies from the next snapshot; a
+    /// file that no longer reads is logged and the overlays in force stay.
+    fn refresh_overlays(&mut self) {
+        let Some(path) = &self.settings.overlays_file else {
+            return;
+        };
+        match Overlays::read(path) {
+            Ok(overlays) => self.overlays = overlays,
+            Err(error) => tracing::error!("xDS overlays not reread, the last ones stay: {error}"),
         }
     }
 
@@ -140,6 +170,7 @@ impl Subscription {
 
     /// Applies `response` and says so: its ACK, or its NACK with the reason.
     fn answer(&mut self, response: &DiscoveryResponse) -> DiscoveryRequest {
+        self.refresh_overlays();
         let version = &response.version_info;
         match self.apply(response) {
             Ok(()) => {
@@ -189,11 +220,14 @@ impl Subscription {
             }
             let config = RateLimitConfig::decode(&resource.value[..])
                 .map_err(|error| format!("resource {index} does not decode: {error}"))?;
-            let (name, text) = convert::rule_source(&config);
-            if sources.iter().any(|(known, _)| *known == name) {
+            let source = convert::rule_source(&config, &self.overlays);
+            if sources.iter().any(|(known, _)| *known == source.name) {
                 return Err(format!("two configurations are named {:?}", config.name));
             }
-            sources.push((name, text));
+            for unused in &source.unused_overlays {
+                tracing::warn!("{unused}");
+            }
+            sources.push((source.name, source.text));
         }
         let bytes: u64 = sources.iter().map(|(_, text)| text.len() as u64).sum();
         if bytes > self.max_bytes {
