@@ -124,15 +124,16 @@ impl Subscription {
         let longest = Duration::from_millis(self.settings.retry_max_ms).max(initial);
         let mut pause = initial;
         loop {
-            let outcome = self.session().await;
+            let mut delivered = false;
+            let outcome = self.session(&mut delivered).await;
             let server = &self.settings.server_url;
             match outcome {
-                Ok(true) => {
-                    tracing::info!(%server, "the xDS stream ended; subscribing again");
-                    pause = initial;
-                }
-                Ok(false) => tracing::warn!(%server, "the xDS stream ended before any snapshot"),
+                Ok(()) => tracing::info!(%server, "the xDS stream ended; subscribing again"),
                 Err(error) => tracing::warn!(%server, %error, "xDS subscription failed"),
+            }
+            // A stream that worked for a while starts the pauses over.
+            if delivered {
+                pause = initial;
             }
             // Half the pause, and up to as much again at random: replicas spread out.
             let jitter = pause.mul_f64(fastrand::f64()) / 2;
@@ -142,8 +143,8 @@ impl Subscription {
     }
 
     /// One stream: subscribes, then applies each snapshot and answers it, until the stream
-    /// ends. Whether it delivered a snapshot.
-    async fn session(&mut self) -> Result<bool, XdsError> {
+    /// ends; `delivered` tells whether it brought a snapshot, whichever way it ended.
+    async fn session(&mut self, delivered: &mut bool) -> Result<(), XdsError> {
         let channel = connect::endpoint(&self.settings)?.connect().await?;
         let mut client = AggregatedDiscoveryServiceClient::new(channel);
         let (requests, outgoing) = mpsc::channel(4);
@@ -157,15 +158,14 @@ impl Subscription {
             .await?
             .into_inner();
         tracing::info!(server = %self.settings.server_url, "subscribed to xDS rules");
-        let mut delivered = false;
         while let Some(response) = responses.message().await? {
-            delivered = true;
+            *delivered = true;
             let answer = self.answer(&response);
             if requests.send(answer).await.is_err() {
                 break;
             }
         }
-        Ok(delivered)
+        Ok(())
     }
 
     /// Applies `response` and says so: its ACK, or its NACK with the reason.
