@@ -145,12 +145,8 @@ async fn envoy_gateways_environment_gets_rules_over_mutual_tls_and_serves_tls() 
     let certificates = Certificates::generate();
     let read = |path: &Path| std::fs::read(path).expect("a certificate file");
     let server_pair = certificates.server();
-    let xds = XdsServer::start(Some(Tls {
-        cert: read(&server_pair.cert),
-        key: read(&server_pair.key),
-        client_ca: Some(read(&certificates.ca())),
-    }))
-    .await;
+    let tls = Tls::mutual(&server_pair.cert, &server_pair.key, &certificates.ca());
+    let xds = XdsServer::start(Some(tls)).await;
     let client_pair = certificates.client();
     let (ca, cert, key) = (
         text(&certificates.ca()),

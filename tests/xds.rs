@@ -177,14 +177,9 @@ async fn without_initial_config_it_serves_at_once_with_no_rules() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn over_mutual_tls_only_a_client_with_a_certificate_gets_the_rules() {
     let certificates = certs::Certificates::generate();
-    let read = |path: &std::path::Path| std::fs::read(path).expect("a certificate file");
     let server_pair = certificates.server();
-    let xds = XdsServer::start(Some(Tls {
-        cert: read(&server_pair.cert),
-        key: read(&server_pair.key),
-        client_ca: Some(read(&certificates.ca())),
-    }))
-    .await;
+    let tls = Tls::mutual(&server_pair.cert, &server_pair.key, &certificates.ca());
+    let xds = XdsServer::start(Some(tls)).await;
     xds.push(Snapshot::limit("1", "xds", "user", 2));
     let url = xds.url("https");
     let ca = certs::text(&certificates.ca());

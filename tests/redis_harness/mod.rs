@@ -23,6 +23,14 @@ use std::time::{Duration, Instant};
 
 use deadpool_redis::redis;
 
+/// Whether the server behind `client` answers PING on a new connection within 200 ms.
+pub(crate) fn pongs(client: &redis::Client) -> bool {
+    client
+        .get_connection_with_timeout(Duration::from_millis(200))
+        .and_then(|mut connection| redis::cmd("PING").query::<String>(&mut connection))
+        .is_ok_and(|reply| reply == "PONG")
+}
+
 /// The binary tests run; Debian's `redis-server` package installs it here.
 const REDIS_SERVER: &str = "redis-server";
 /// How long a server may take to answer PING before the start counts as failed.
@@ -147,19 +155,16 @@ impl RedisServer {
                     self.log()
                 ));
             }
-            let pong = client
-                .get_connection_with_timeout(Duration::from_millis(200))
-                .and_then(|mut connection| redis::cmd("PING").query::<String>(&mut connection));
-            match pong {
-                Ok(reply) if reply == "PONG" => return Ok(()),
-                _ if Instant::now() > deadline => {
+            match pongs(&client) {
+                true => return Ok(()),
+                false if Instant::now() > deadline => {
                     return Err(format!(
                         "port {}: no PONG within {STARTUP:?}: {}",
                         self.port,
                         self.log()
                     ));
                 }
-                _ => std::thread::sleep(Duration::from_millis(20)),
+                false => std::thread::sleep(Duration::from_millis(20)),
             }
         }
     }

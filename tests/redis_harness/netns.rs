@@ -155,18 +155,13 @@ impl IsolatedRedis {
     fn wait_until_ready(&self) -> Result<(), String> {
         let client = redis::Client::open(self.url()).map_err(|e| e.to_string())?;
         let deadline = Instant::now() + Duration::from_secs(10);
-        loop {
-            let pong = client
-                .get_connection_with_timeout(Duration::from_millis(200))
-                .and_then(|mut connection| redis::cmd("PING").query::<String>(&mut connection));
-            match pong {
-                Ok(reply) if reply == "PONG" => return Ok(()),
-                _ if Instant::now() > deadline => {
-                    return Err(format!("redis-server on {} never answered", self.url()));
-                }
-                _ => std::thread::sleep(Duration::from_millis(20)),
+        while !super::pongs(&client) {
+            if Instant::now() > deadline {
+                return Err(format!("redis-server on {} never answered", self.url()));
             }
+            std::thread::sleep(Duration::from_millis(20));
         }
+        Ok(())
     }
 }
 

@@ -74,6 +74,23 @@ pub struct Tls {
     pub client_ca: Option<Vec<u8>>,
 }
 
+impl Tls {
+    /// The server's certificate and key, and `client_ca` required of clients (mutual TLS):
+    /// the files read.
+    pub fn mutual(
+        cert: &std::path::Path,
+        key: &std::path::Path,
+        client_ca: &std::path::Path,
+    ) -> Tls {
+        let read = |path: &std::path::Path| std::fs::read(path).expect("a certificate file");
+        Tls {
+            cert: read(cert),
+            key: read(key),
+            client_ca: Some(read(client_ca)),
+        }
+    }
+}
+
 /// The running server; stopped (its streams closed) when dropped.
 pub struct XdsServer {
     pub addr: SocketAddr,
