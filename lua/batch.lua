@@ -7,9 +7,10 @@
 --   ARGV[1]          the time: '' to read Redis' TIME, else µs since the epoch (tests only)
 --   ARGV[2]          the deadline on that clock, µs: a call that runs later decides nothing
 --                    ('' for none)
---   ARGV[3]          L, the number of limits, then L × 9 entries: algorithm,
---                    requests_per_unit, window_us, capacity, token interval_us, and four
---                    calendar boundaries b0 < b1 < b2 < b3 ('' × 4 unless calendar-aligned)
+--   ARGV[3]          L, the number of limits, then L × 10 entries: algorithm,
+--                    requests_per_unit, window_us, capacity, token interval_us, four
+--                    calendar boundaries b0 < b1 < b2 < b3 ('' × 4 unless calendar-aligned),
+--                    and overshoot ('1': every charge counts in full, '0')
 --   then groups, until the end of ARGV:
 --     'each', n, limit index (1-based), cost, then n keys
 --                    n hits of one limit and one cost, decided one by one
@@ -80,8 +81,9 @@ for i = 1, number(3) do
   if ARGV[at + 5] ~= '' then
     limit.calendar = { number(at + 5), number(at + 6), number(at + 7), number(at + 8) }
   end
+  limit.overshoot = ARGV[at + 9] == '1'
   limits[i] = limit
-  at = at + 9
+  at = at + 10
 end
 
 -- The limit that ARGV[index] names.

@@ -50,14 +50,15 @@ local function take(call, counter, limit, ends, amount)
   local after = call('INCRBY', counter, amount)
   local before = after - amount
   local reset = math.max(0, ends - now)
-  if after <= quota then
+  -- An overshoot charge stays counted past the limit.
+  if after <= quota or limit.overshoot then
     -- A count of 0 is never kept (a give-back to 0 deletes the key), so `before == 0` means
     -- the hit created the key.
     if before == 0 then
       call('PEXPIRE', counter, ttl_millis(ends))
     end
     known[counter] = after
-    return true, quota - after, reset
+    return after <= quota, math.max(0, quota - after), reset
   end
   if before == 0 then
     call('DEL', counter)
@@ -70,7 +71,8 @@ local function take(call, counter, limit, ends, amount)
 end
 
 -- Allowed iff count + cost <= limit; a give-back lowers the count, never below zero. A check
--- or a give-back that changes nothing writes nothing.
+-- or a give-back that changes nothing writes nothing. With overshoot the cost is counted
+-- whatever the answer (a check is refused once the count is past the limit).
 algorithms.fixed_window = function(call, key, limit, amount, negative)
   local quota = limit.quota
   if quota == 0 then
@@ -87,7 +89,9 @@ algorithms.fixed_window = function(call, key, limit, amount, negative)
     allowed, next = true, math.max(0, count - amount)
   else
     next = count + amount
-    if next <= quota or amount == 0 then
+    if limit.overshoot then
+      allowed = next <= quota
+    elseif next <= quota or amount == 0 then
       allowed = true
     else
       allowed, next = false, count

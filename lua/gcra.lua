@@ -31,7 +31,8 @@ end
 --   allow_at = new_tat - B * T        allowed iff allow_at <= now, then tat = new_tat
 --
 -- A give-back moves the TAT back by cost * T, never before now, and leaves a full allowance
--- as it is.
+-- as it is. With overshoot the TAT always moves on by the cost, and a hit (a check too) is
+-- allowed iff tat - B * T <= now after it.
 algorithms.gcra = function(call, key, limit, amount, negative)
   if limit.quota == 0 or limit.capacity == 0 then
     return admits_nothing(limit, amount, negative)
@@ -40,7 +41,7 @@ algorithms.gcra = function(call, key, limit, amount, negative)
   local cost_span = amount * limit.interval
   local tat = tonumber(read(call, key)) or 0
   local allowed, next = true, tat
-  if amount == 0 then
+  if amount == 0 and not limit.overshoot then
     allowed = true
   elseif negative then
     -- A full allowance stays as it was: raising an old TAT to now would take quota back from
@@ -48,6 +49,13 @@ algorithms.gcra = function(call, key, limit, amount, negative)
     if tat > now then
       next = math.max(tat - cost_span, now)
     end
+  elseif limit.overshoot then
+    -- Charged whatever the answer; the answer is whether the allowance was not overdrawn.
+    if amount > 0 then
+      -- At most 100 years owed (MAX_OVERDRAFT), so the TAT stays exact.
+      next = math.min(math.max(tat, now) + cost_span, now + MAX_OVERDRAFT)
+    end
+    allowed = next - burst_span <= now
   else
     local new_tat = math.max(tat, now) + cost_span
     allowed = new_tat - burst_span <= now

@@ -12,6 +12,10 @@
 
 local algorithms = {}
 
+-- The most an overshooting charge may owe, in µs of refill: 100 years (the Rust twins'
+-- MAX_SPAN_MICROS), so every instant stays exact in doubles.
+local MAX_OVERDRAFT = 3153600000000000
+
 -- The instant every counter of this call is decided at: Redis' own TIME, read once by
 -- batch.lua, or the caller's instant in tests (`supplied`).
 local now

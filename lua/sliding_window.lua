@@ -43,8 +43,13 @@ local function until_next_drop(prev, cur, elapsed, w)
   return 0
 end
 
+-- The most a window's count holds (u32::MAX in the Rust twin).
+local MAX_COUNT = 4294967295
+
 -- Allowed iff weighted + cost <= limit, then the cost is added to the current window. A
--- give-back takes from the current window first, then the previous.
+-- give-back takes from the current window first, then the previous. With overshoot the cost
+-- is added whatever the answer (a check is refused once the weighted count is past the
+-- limit).
 algorithms.sliding_window = function(call, key, limit, amount, negative)
   local quota = limit.quota
   if quota == 0 then
@@ -66,14 +71,17 @@ algorithms.sliding_window = function(call, key, limit, amount, negative)
   if negative then
     local from_cur = math.min(cur, amount)
     allowed, next_prev, next_cur = true, math.max(0, prev - (amount - from_cur)), cur - from_cur
+  elseif limit.overshoot then
+    allowed, next_prev, next_cur = weighted + amount <= quota, prev, cur + amount
   elseif amount == 0 or weighted + amount <= quota then
     allowed, next_prev, next_cur = true, prev, cur + amount
   else
     allowed, next_prev, next_cur = false, prev, cur
   end
   if next_prev ~= prev or next_cur ~= cur then
+    -- Counts are kept within 32 bits, as the Rust twin's are (only overshoot can pass them).
     store(call, key, window_start + 2 * w, 'window_start', window_start,
-      'prev', next_prev, 'cur', next_cur)
+      'prev', math.min(next_prev, MAX_COUNT), 'cur', math.min(next_cur, MAX_COUNT))
   end
   weighted = next_cur + share(next_prev, elapsed, w)
   return allowed, math.max(0, quota - weighted), until_next_drop(next_prev, next_cur, elapsed, w)

@@ -6,7 +6,7 @@
 -- already elapsed is kept, not lost to rounding.
 --
 -- State: the hash key = {tokens, last}, expiring when the bucket is full again; no key is a
--- full bucket.
+-- full bucket. `tokens` is below zero only with overshoot.
 
 -- The (tokens, last) after adding the whole intervals elapsed since `last`. A full bucket
 -- restarts its interval at now: no token accrues while there is no room for it.
@@ -19,7 +19,9 @@ local function refill(limit, tokens, last)
 end
 
 -- Refill, then allowed iff cost <= tokens, then take. A give-back adds tokens up to the
--- capacity.
+-- capacity. With overshoot the cost is taken whatever the answer, leaving a debt (tokens
+-- below zero) that refilling pays back first; a hit (a check too) is allowed iff no debt is
+-- left after it.
 algorithms.token_bucket = function(call, key, limit, amount, negative)
   local capacity, interval = limit.capacity, limit.interval
   if limit.quota == 0 or capacity == 0 then
@@ -34,6 +36,11 @@ algorithms.token_bucket = function(call, key, limit, amount, negative)
   local allowed, next
   if negative then
     allowed, next = true, math.min(capacity, tokens + amount)
+  elseif limit.overshoot then
+    -- At most 100 years of refill owed (MAX_OVERDRAFT), so every instant stays exact.
+    local deepest = -math.floor(MAX_OVERDRAFT / interval)
+    next = math.max(tokens - amount, math.min(deepest, tokens))
+    allowed = next >= 0
   elseif amount <= tokens then
     allowed, next = true, tokens - amount
   else
@@ -43,9 +50,10 @@ algorithms.token_bucket = function(call, key, limit, amount, negative)
   if next ~= tokens then
     store(call, key, last + (capacity - next) * interval, 'tokens', next, 'last', last)
   end
+  -- The next unit of quota comes with the token that makes one: in debt, after it is paid.
   local reset = 0
   if next < capacity then
-    reset = math.max(0, last + interval - now)
+    reset = math.max(0, last + math.max(1, 1 - next) * interval - now)
   end
-  return allowed, next, reset
+  return allowed, math.max(0, next), reset
 end

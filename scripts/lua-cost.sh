@@ -45,7 +45,7 @@ sha = reply().decode()
 for _ in range(total // batch):
     # Redis' clock, a deadline far ahead (as floodgate sends one), one limit.
     args = ["EVALSHA", sha, 0, "", 4102444800000000, 1, "fixed_window", 1000000, 60000000, 1000000, 60,
-            "", "", "", "", "each", batch, 1, 1]
+            "", "", "", "", 0, "each", batch, 1, 1]
     args += ["{bench:user.0:0:user_id=k%d}:fixed_window:60" % random.randrange(keys)
              for _ in range(batch)]
     conn.sendall(command(*args))

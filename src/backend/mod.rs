@@ -231,9 +231,15 @@ impl Backend {
         let Some(cache) = &self.over_limit else {
             return Answers::from_store(self.call(hits, on_reject, deadline).await);
         };
+        // An overshoot charge is counted even on an exhausted counter: never answered here.
         let cached: Vec<Option<Decision>> = hits
             .iter()
-            .map(|hit| cache.answer(&hit.key, hit.hits))
+            .map(|hit| {
+                let charge = hit.limit.overshoot && !hit.hits.negative && hit.hits.amount > 0;
+                (!charge)
+                    .then(|| cache.answer(&hit.key, hit.hits))
+                    .flatten()
+            })
             .collect();
         let mut origins = Vec::new();
         let results = if cached.iter().all(Option::is_none) {

@@ -23,7 +23,8 @@ impl State {
 }
 
 /// Applies `hits` at `now`. Allowed iff `count + cost <= limit`; a give-back lowers the count,
-/// never below zero. A hit that changes nothing writes nothing.
+/// never below zero. A hit that changes nothing writes nothing. With `overshoot` the cost is
+/// counted whatever the answer (a check is refused once the count is past the limit).
 pub(super) fn hit(state: &mut State, limit: &Limit, now: u64, hits: Hits) -> Decision {
     let quota = u64::from(limit.requests_per_unit);
     let window_end = window_end(limit, now);
@@ -34,6 +35,9 @@ pub(super) fn hit(state: &mut State, limit: &Limit, now: u64, hits: Hits) -> Dec
     };
     let (allowed, next) = if hits.negative {
         (true, count.saturating_sub(hits.amount))
+    } else if limit.overshoot {
+        let next = count.saturating_add(hits.amount);
+        (next <= quota, next)
     } else {
         let next = count.saturating_add(hits.amount);
         if next <= quota || hits.amount == 0 {

@@ -5,7 +5,7 @@
 //! With `T` = [`Limit::token_interval_micros`] and `B` = [`Limit::capacity`], it admits exactly
 //! what a token bucket of `B` tokens refilled every `T` admits, in one number instead of two.
 
-use super::{Decision, Hits, Limit};
+use super::{Decision, Hits, Limit, MAX_SPAN_MICROS};
 
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub(super) struct State {
@@ -27,13 +27,14 @@ impl State {
 /// ```
 ///
 /// A give-back moves the TAT back by `cost * T`, never before now, and leaves a full
-/// allowance as it is.
+/// allowance as it is. With `overshoot` the TAT always moves on by the cost, and a hit (a
+/// check too) is allowed iff `tat - B * T <= now` after it.
 pub(super) fn hit(state: &mut State, limit: &Limit, now: u64, hits: Hits) -> Decision {
     let capacity = limit.capacity();
     let interval = limit.token_interval_micros();
     let burst_span = capacity.saturating_mul(interval);
     let cost_span = hits.amount.saturating_mul(interval);
-    let allowed = if hits.amount == 0 {
+    let allowed = if hits.amount == 0 && !limit.overshoot {
         true
     } else if hits.negative {
         // A full allowance stays as it was: raising an old TAT to now would take quota back
@@ -42,6 +43,14 @@ pub(super) fn hit(state: &mut State, limit: &Limit, now: u64, hits: Hits) -> Dec
             state.tat = state.tat.saturating_sub(cost_span).max(now);
         }
         true
+    } else if limit.overshoot {
+        // Charged whatever the answer; the answer is whether the allowance was not overdrawn.
+        if hits.amount > 0 {
+            // At most 100 years owed, so the TAT stays exact in the twin's doubles.
+            let owed = state.tat.max(now).saturating_add(cost_span);
+            state.tat = owed.min(now.saturating_add(MAX_SPAN_MICROS));
+        }
+        state.tat.saturating_sub(burst_span) <= now
     } else {
         let new_tat = state.tat.max(now).saturating_add(cost_span);
         let allowed = new_tat.saturating_sub(burst_span) <= now;

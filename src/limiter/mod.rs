@@ -138,6 +138,10 @@ pub struct Limit {
     pub burst: Option<u32>,
     /// fixed_window only: windows of a day, week, month or year start at local midnight.
     pub timezone: Option<Timezone>,
+    /// Every hit that takes quota is counted in full, even past the limit (usage charged
+    /// after the fact: an LLM response's tokens); over the limit, even a check is refused
+    /// until the algorithm brings the count back within it. Not for sliding_log.
+    pub overshoot: bool,
 }
 
 impl Limit {
@@ -150,6 +154,7 @@ impl Limit {
             algorithm: Algorithm::FixedWindow,
             burst: None,
             timezone: None,
+            overshoot: false,
         }
     }
 
@@ -207,10 +212,12 @@ impl Hits {
         }
     }
 
+    /// A give-back of `amount`; of nothing, a check (which is how the Lua twin reads it: a
+    /// cost's sign is all that says "give back").
     pub fn give_back(amount: u64) -> Self {
         Hits {
             amount: amount.min(MAX_HITS),
-            negative: true,
+            negative: amount > 0,
         }
     }
 }

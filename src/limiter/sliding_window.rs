@@ -35,6 +35,8 @@ impl State {
 
 /// Applies `hits` at `now`. Allowed iff `weighted + cost <= limit`, then the cost is added to
 /// the current window. A give-back takes from the current window first, then the previous.
+/// With `overshoot` the cost is added whatever the answer (a check is refused once the
+/// weighted count is past the limit); a count saturates at `u32::MAX`, as its twin's does.
 pub(super) fn hit(state: &mut State, limit: &Limit, now: u64, hits: Hits) -> Decision {
     let quota = u64::from(limit.requests_per_unit);
     let w = limit.window_micros();
@@ -55,6 +57,9 @@ pub(super) fn hit(state: &mut State, limit: &Limit, now: u64, hits: Hits) -> Dec
             prev.saturating_sub(hits.amount - from_cur),
             cur - from_cur,
         )
+    } else if limit.overshoot {
+        let within = weighted.saturating_add(hits.amount) <= quota;
+        (within, prev, cur.saturating_add(hits.amount))
     } else if hits.amount == 0 || weighted.saturating_add(hits.amount) <= quota {
         (true, prev, cur.saturating_add(hits.amount))
     } else {
@@ -76,8 +81,7 @@ pub(super) fn hit(state: &mut State, limit: &Limit, now: u64, hits: Hits) -> Dec
     }
 }
 
-/// Counts never exceed the limit (a `u32`): an allowed hit stays within it, a give-back
-/// only lowers them.
+/// Counts stay within the limit (a `u32`), but for `overshoot` charges: those saturate.
 fn saturate(count: u64) -> u32 {
     u32::try_from(count).unwrap_or(u32::MAX)
 }

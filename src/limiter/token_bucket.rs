@@ -5,11 +5,12 @@
 //! [`Limit::token_interval_micros`]. Refill only ever adds whole tokens and moves `last` by
 //! whole intervals, so the partial interval already elapsed is kept, not lost to rounding.
 
-use super::{Decision, Hits, Limit};
+use super::{Decision, Hits, Limit, MAX_SPAN_MICROS};
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(super) struct State {
-    tokens: u64,
+    /// Below zero only with `overshoot`: a debt that refilling pays back first.
+    tokens: i64,
     /// The instant the last whole token was added (or the bucket was seen full).
     last: u64,
     /// When the bucket is full again, if nothing is taken meanwhile.
@@ -20,7 +21,7 @@ impl State {
     /// A bucket never hit is full.
     pub(super) fn full(limit: &Limit, now: u64) -> Self {
         State {
-            tokens: limit.capacity(),
+            tokens: signed(limit.capacity()),
             last: now,
             full_at: now,
         }
@@ -33,46 +34,65 @@ impl State {
 }
 
 /// Applies `hits` at `now`: refill, then allowed iff `cost <= tokens`, then take. A give-back
-/// adds tokens up to the capacity.
+/// adds tokens up to the capacity. With `overshoot` the cost is taken whatever the answer,
+/// leaving a debt that refilling pays back first, and a hit (a check too) is allowed iff no
+/// debt is left after it.
 pub(super) fn hit(state: &mut State, limit: &Limit, now: u64, hits: Hits) -> Decision {
-    let capacity = limit.capacity();
+    let capacity = signed(limit.capacity());
     let interval = limit.token_interval_micros();
+    let amount = signed(hits.amount);
     let (tokens, last) = refill(state, capacity, interval, now);
     let (allowed, next) = if hits.negative {
-        (true, tokens.saturating_add(hits.amount).min(capacity))
-    } else if hits.amount <= tokens {
-        (true, tokens - hits.amount)
+        (true, tokens.saturating_add(amount).min(capacity))
+    } else if limit.overshoot {
+        // At most 100 years of refill owed, so every instant stays exact in the twin's
+        // doubles.
+        let deepest = -signed(MAX_SPAN_MICROS / interval);
+        let next = tokens.saturating_sub(amount).max(deepest.min(tokens));
+        (next >= 0, next)
+    } else if amount <= tokens {
+        (true, tokens - amount)
     } else {
         (false, tokens)
     };
     // Refilling alone need not be written: refilling twice gives what refilling once does.
     if next != tokens {
+        let missing = capacity.saturating_sub(next).unsigned_abs();
         *state = State {
             tokens: next,
             last,
-            full_at: last.saturating_add(capacity.saturating_sub(next).saturating_mul(interval)),
+            full_at: last.saturating_add(missing.saturating_mul(interval)),
         };
     }
+    // The next unit of quota comes with the token that makes one: in debt, after it is paid.
+    let intervals = 1i64.saturating_sub(next).max(1).unsigned_abs();
     Decision {
         allowed,
-        remaining: next,
+        remaining: next.max(0).unsigned_abs(),
         reset_micros: if next >= capacity {
             0
         } else {
-            last.saturating_add(interval).saturating_sub(now)
+            last.saturating_add(intervals.saturating_mul(interval))
+                .saturating_sub(now)
         },
     }
 }
 
 /// The (tokens, last) after adding the whole intervals elapsed since `last`. A full bucket
 /// restarts its interval at `now`: no token accrues while there is no room for it.
-fn refill(state: &State, capacity: u64, interval: u64, now: u64) -> (u64, u64) {
+fn refill(state: &State, capacity: i64, interval: u64, now: u64) -> (i64, u64) {
     let gained = now.saturating_sub(state.last) / interval;
-    if state.tokens.saturating_add(gained) >= capacity {
+    let tokens = state.tokens.saturating_add(signed(gained));
+    if tokens >= capacity {
         (capacity, now)
     } else {
-        (state.tokens + gained, state.last + gained * interval)
+        (tokens, state.last + gained * interval)
     }
+}
+
+/// A count of tokens as a signed number (every count here is at most 2^32).
+fn signed(count: u64) -> i64 {
+    i64::try_from(count).unwrap_or(i64::MAX)
 }
 
 #[cfg(test)]

@@ -50,10 +50,16 @@ fn dump_limit(out: &mut String, named: &NamedLimit) {
     let burst = limit
         .burst
         .map_or_else(|| "none".to_owned(), |b| b.to_string());
+    // `overshoot` is shown only where set, so the lines of limits without it stay as before.
+    let overshoot = if limit.overshoot {
+        ", overshoot=true"
+    } else {
+        ""
+    };
     let _ = write!(
         out,
         "{{unit={}, unit_multiplier={}, requests_per_unit={}, algorithm={}, burst={burst}, \
-         timezone={}, name={}}}",
+         timezone={}, name={}{overshoot}}}",
         limit.unit.name(),
         limit.unit_multiplier,
         limit.requests_per_unit,

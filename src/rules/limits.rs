@@ -9,7 +9,7 @@ use super::{NamedLimit, Policy};
 use crate::limiter::{Algorithm, Limit, MAX_SPAN_MICROS, Timezone, Unit};
 
 /// The keys of a `rate_limit` map, ordered so that the other key sets are its prefixes.
-const RATE_LIMIT_KEYS: [&str; 9] = [
+const RATE_LIMIT_KEYS: [&str; 10] = [
     // The keys that shape counting; none of them goes with `unlimited: true`.
     "unit",
     "requests_per_unit",
@@ -17,6 +17,7 @@ const RATE_LIMIT_KEYS: [&str; 9] = [
     "burst",
     "unit_multiplier",
     "timezone",
+    "overshoot",
     // The rest of a `rate_limits` element's keys.
     "name",
     "replaces",
@@ -25,10 +26,10 @@ const RATE_LIMIT_KEYS: [&str; 9] = [
 ];
 
 /// The keys that shape counting.
-const COUNTING_KEYS: &[&str] = RATE_LIMIT_KEYS.split_at(6).0;
+const COUNTING_KEYS: &[&str] = RATE_LIMIT_KEYS.split_at(7).0;
 
 /// The keys of a `rate_limits` element: a `rate_limit` map's, without `unlimited`.
-const LIST_ELEMENT_KEYS: &[&str] = RATE_LIMIT_KEYS.split_at(8).0;
+const LIST_ELEMENT_KEYS: &[&str] = RATE_LIMIT_KEYS.split_at(9).0;
 
 const UNITS: &str = "second, minute, hour, day, week, month, year";
 
@@ -286,6 +287,25 @@ fn read_limit(
             })
             .ok()
     });
+    let overshoot = match fields.get("overshoot") {
+        None => Some(false),
+        Some(node) => reader
+            .boolean(node, &field("overshoot"), rule)
+            .and_then(|overshoot| {
+                if overshoot && algorithm == Some(Algorithm::SlidingLog) {
+                    // One log entry per unit: a charge is not bounded by the limit any more.
+                    let message = format!(
+                        "{}: a sliding_log keeps one entry per unit of cost, so an \
+                         overshooting charge would be unbounded; use sliding_window, \
+                         token_bucket, gcra or fixed_window",
+                        field("overshoot")
+                    );
+                    reader.error(yaml::line(node), rule, message);
+                    return None;
+                }
+                Some(overshoot)
+            }),
+    };
     let limit = Limit {
         requests_per_unit: requests_per_unit?,
         unit: unit?,
@@ -293,6 +313,7 @@ fn read_limit(
         algorithm: algorithm?,
         burst: optional(burst)?,
         timezone: optional(timezone)?,
+        overshoot: overshoot?,
     };
     if limit.span_micros() > MAX_SPAN_MICROS {
         let message = format!(

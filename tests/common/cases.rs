@@ -51,6 +51,19 @@ fn fixed_window() -> Vec<Case> {
     let fixed = |rate, unit| limit(Algorithm::FixedWindow, rate, unit);
     vec![
         case(
+            "fixed_window_overshoot_counts_a_charge_past_the_limit",
+            overshoot(fixed(5, Unit::Second)),
+            vec![
+                step(T0, take(3), allow(2, SECOND)),
+                // 3 + 4 = 7: over the limit, and counted.
+                step(T0 + 1, take(4), reject(0, 999_999)),
+                step(T0 + 2, take(0), reject(0, 999_998)),
+                step(T0 + 3, give(3), allow(1, 999_997)),
+                step(T0 + 4, take(0), allow(1, 999_996)),
+                step(T0 + SECOND, take(1), allow(4, SECOND)),
+            ],
+        ),
+        case(
             "fixed_window_allows_exactly_the_limit_then_rejects",
             fixed(3, Unit::Second),
             vec![
@@ -163,6 +176,19 @@ fn fixed_window() -> Vec<Case> {
 fn sliding_window() -> Vec<Case> {
     let sliding = |rate, unit| limit(Algorithm::SlidingWindow, rate, unit);
     vec![
+        case(
+            "sliding_window_overshoot_counts_a_charge_past_the_limit_until_it_weighs_less",
+            overshoot(sliding(4, Unit::Second)),
+            vec![
+                step(T0, take(3), allow(1, SECOND + 1)),
+                step(T0 + 1, take(5), reject(0, SECOND)),
+                step(T0 + 2, take(0), reject(0, 999_999)),
+                // The next window: the previous 8 still weigh 8, then 4 at half the window.
+                step(T0 + SECOND, take(0), reject(0, 1)),
+                step(T0 + SECOND + 500_000, take(0), allow(0, 1)),
+                step(T0 + SECOND + 500_000, take(1), reject(0, 1)),
+            ],
+        ),
         case(
             "sliding_window_allows_exactly_the_limit_then_rejects",
             sliding(10, Unit::Second),
@@ -451,6 +477,19 @@ fn bucket(algorithm: Algorithm) -> Vec<Case> {
             ],
         },
         Case {
+            // Capacity 4, a token every 500 ms: 3 taken, then 4 more leave a debt of 3,
+            // paid back by 1.5 s of refill before the next token.
+            name: name("overshoot_counts_a_charge_past_the_allowance_as_a_debt"),
+            limit: overshoot(with_burst(4, rate(2, Unit::Second))),
+            steps: vec![
+                step(T0, take(3), allow(1, 500_000)),
+                step(T0 + 100, take(4), reject(0, 1_999_900)),
+                step(T0 + 100, take(0), reject(0, 1_999_900)),
+                step(T0 + 1_500_000, take(0), allow(0, 500_000)),
+                step(T0 + 2_000_000, take(1), allow(0, 500_000)),
+            ],
+        },
+        Case {
             name: name("unit_multiplier_stretches_the_window"),
             limit: times(2, rate(4, Unit::Minute)),
             steps: vec![
@@ -492,6 +531,13 @@ fn limit(algorithm: Algorithm, requests_per_unit: u32, unit: Unit) -> Limit {
     Limit {
         algorithm,
         ..Limit::per(requests_per_unit, unit)
+    }
+}
+
+fn overshoot(limit: Limit) -> Limit {
+    Limit {
+        overshoot: true,
+        ..limit
     }
 }
 

@@ -263,6 +263,7 @@ pub fn batch_call(
             Some(boundaries) => call.arg(&boundaries[..]),
             None => call.arg(&["", "", "", ""][..]),
         };
+        call.arg(u8::from(limit.overshoot));
     }
     for section in &plan.sections {
         match section {
@@ -710,8 +711,8 @@ mod tests {
         #[rustfmt::skip]
         let expected = [
             "0", "", "42", "2",
-            "fixed_window", "5", "1000000", "5", "200000", "", "", "", "",
-            "gcra", "5", "1000000", "5", "200000", "", "", "", "",
+            "fixed_window", "5", "1000000", "5", "200000", "", "", "", "", "0",
+            "gcra", "5", "1000000", "5", "200000", "", "", "", "", "0",
             "each", "2", "1", "1", "a", "c",
             "each", "1", "2", "-3", "b",
             "each", "1", "2", "2", "d",

@@ -1280,3 +1280,55 @@ fn rule_files_past_the_byte_bound_together_are_errors_naming_each() {
         errors[0]
     );
 }
+
+#[test]
+fn overshoot_counts_every_charge_of_the_limit_it_is_set_on() {
+    let rules = load_ok(
+        "
+        domain: llm
+        descriptors:
+          - key: tenant
+            rate_limits:
+              - {unit: hour, requests_per_unit: 1000, algorithm: token_bucket, overshoot: true}
+              - {unit: day, requests_per_unit: 5000}
+        ",
+    );
+    let limits = limits(rule(&rules, "llm.tenant"));
+    assert!(limits[0].limit.overshoot);
+    assert!(!limits[1].limit.overshoot);
+    assert!(
+        rules.dump().contains("name=none, overshoot=true}"),
+        "{}",
+        rules.dump()
+    );
+}
+
+#[test]
+fn overshoot_on_a_sliding_log_is_an_error_naming_why() {
+    assert_error(
+        "
+        domain: llm
+        descriptors:
+          - key: tenant
+            rate_limit: {unit: hour, requests_per_unit: 10, algorithm: sliding_log, overshoot: true}
+        ",
+        4,
+        "domain llm > tenant",
+        "one entry per unit of cost",
+    );
+}
+
+#[test]
+fn overshoot_is_a_counting_key_and_no_partner_for_unlimited() {
+    assert_error(
+        "
+        domain: llm
+        descriptors:
+          - key: tenant
+            rate_limit: {unlimited: true, overshoot: true}
+        ",
+        4,
+        "domain llm > tenant",
+        "`overshoot` cannot be combined with `unlimited: true`",
+    );
+}
