@@ -14,7 +14,7 @@ use envoy_support::{
     App, EXAMPLE_RULES, Envoy, OnFailure, Response, example_config, tls_to_floodgate,
     wait_for_a_fresh_minute,
 };
-use harness::Floodgate;
+use harness::{Floodgate, OVER_LIMIT, costing, request};
 
 /// floodgate, the application and Envoy, wired as in the example.
 struct Stack {
@@ -416,4 +416,32 @@ fn backend_unavailable_with_failure_mode_deny_true_answers_500() {
     let response = stack.get("/", &ALICE);
     assert_eq!(response.status, 500, "{response:#?}");
     assert_eq!(response.header("x-envoy-ratelimited"), None);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_long_llm_response_spends_the_token_budget_and_the_next_request_gets_429() {
+    let stack = Stack::start(&[]);
+    let tenant = [("x-tenant", "acme"), ("x-bill-tokens", "1200")];
+    // 1,000 tokens an hour: the request is checked, then its 1,200 tokens are charged when
+    // the response is over (apply_on_stream_done).
+    assert_allowed(&stack.get("/llm/chat", &tenant));
+    let budget = request("envoy_demo", vec![costing("tenant", "acme", 0)]);
+    let charged = std::time::Instant::now();
+    loop {
+        let response = stack.floodgate.ask(budget.clone()).await;
+        if response.overall_code == OVER_LIMIT {
+            break;
+        }
+        assert!(
+            charged.elapsed() < std::time::Duration::from_secs(10),
+            "the response's tokens were never charged: {response:?}\n{}",
+            stack.envoy.log()
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    assert_rate_limited(&stack.get("/llm/chat", &tenant));
+    assert_allowed(&stack.get(
+        "/llm/chat",
+        &[("x-tenant", "other"), ("x-bill-tokens", "5")],
+    ));
 }

@@ -255,7 +255,8 @@ impl Drop for Envoy {
 }
 
 /// The application behind Envoy: answers every request 200 with [`App::BODY`], so a test can
-/// tell a response that reached it from one Envoy made up.
+/// tell a response that reached it from one Envoy made up. Like an LLM API reporting its
+/// usage, it answers `x-llm-tokens` with the number a request asks for in `x-bill-tokens`.
 pub struct App {
     pub addr: SocketAddr,
     /// Dropping it stops the server.
@@ -279,7 +280,15 @@ impl App {
                 .expect("the app's runtime");
             runtime.block_on(async move {
                 let listener = tokio::net::TcpListener::from_std(listener).expect("app listener");
-                let app = axum::Router::new().fallback(|| async { App::BODY });
+                let app =
+                    axum::Router::new().fallback(|headers: axum::http::HeaderMap| async move {
+                        let tokens = headers.get("x-bill-tokens").cloned();
+                        let usage = tokens.map(|value| [("x-llm-tokens", value)]);
+                        (
+                            axum::response::AppendHeaders(usage.into_iter().flatten()),
+                            App::BODY,
+                        )
+                    });
                 axum::serve(listener, app)
                     .with_graceful_shutdown(async {
                         let _ = stopped.await;
