@@ -5,10 +5,12 @@
 //! descriptor matching) → [`limiter`] (counter keys and algorithms) → [`backend`] (where the
 //! counters live) → [`service`] (combining the decisions into the response).
 
+pub mod admin;
 pub mod backend;
 pub mod bench;
 pub mod clock;
 pub mod compat;
+pub mod counters_cli;
 pub mod http;
 pub mod limiter;
 pub mod listener;

@@ -23,7 +23,7 @@ use floodgate::service::{RateLimiter, ServiceOptions};
 use floodgate::settings::{BackendKind, HeaderStyle, LogFormat, Overrides, RulesSource, Settings};
 use floodgate::tls::ServerTls;
 use floodgate::xds::Subscription;
-use floodgate::{bench, compat, query, server};
+use floodgate::{bench, compat, counters_cli, query, server};
 
 /// mimalloc: the h2/tonic request path allocates many small, short-lived buffers, which
 /// glibc's allocator serves markedly slower (see the README's performance section).
@@ -60,6 +60,9 @@ enum Command {
     /// Serve with envoyproxy/ratelimit's environment variables (also what the binary does
     /// when started as `ratelimit`, the image's /bin/ratelimit).
     Ratelimit,
+    /// Read or reset a descriptor's counters through a server's admin API.
+    #[command(subcommand)]
+    Counters(counters_cli::CountersCommand),
 }
 
 /// Every flag is also a settings-file key and a `FLOODGATE_*` environment variable.
@@ -166,6 +169,9 @@ fn main() -> ExitCode {
             runtime()?.block_on(serve(settings))
         }),
         Command::Ratelimit => serve_upstream_environment(),
+        Command::Counters(command) => {
+            runtime().and_then(|rt| rt.block_on(counters_cli::run(command)))
+        }
         Command::CheckConfig {
             dir,
             rules_max_bytes,
@@ -372,10 +378,16 @@ async fn serve(settings: Settings) -> anyhow::Result<()> {
         unix_socket: settings.grpc_unix_socket.clone(),
         tls: ServerTls::load(&settings.grpc_tls)?,
     };
+    let admin = match (settings.admin_addr, settings.admin_token.clone()) {
+        (None, _) => None,
+        (Some(addr), Some(token)) if !token.expose().is_empty() => Some((addr, token)),
+        (Some(_), _) => anyhow::bail!("admin_addr needs admin_token: the admin API is never open"),
+    };
     let endpoints = Endpoints {
         grpc,
         http: settings.http_addr,
         metrics: settings.metrics_addr,
+        admin,
     };
     let mut running = server::start(limiter, endpoints, settings.connection_limits).await?;
     let reload_interval = (settings.rules_reload_interval_ms > 0)
@@ -394,11 +406,12 @@ async fn serve(settings: Settings) -> anyhow::Result<()> {
         "floodgate serving"
     );
     let metrics = (running.metrics_addr).map_or(String::new(), |addr| format!(" metrics={addr}"));
+    let admin = (running.admin_addr).map_or(String::new(), |addr| format!(" admin={addr}"));
     // Written with errors ignored: a closed stdout (`floodgate serve | head -1`, a log
     // shipper gone) must not take the server down.
     let _ = writeln!(
         std::io::stdout().lock(),
-        "floodgate listening: grpc={} http={}{metrics}\n\
+        "floodgate listening: grpc={} http={}{metrics}{admin}\n\
          try: floodgate query --addr http://{} --domain floodgate_demo --descriptor user_id=alice\n\
          or:  curl -s -X POST http://{}/json -d '{{\"domain\":\"floodgate_demo\",\"descriptors\":[{{\"entries\":[{{\"key\":\"user_id\",\"value\":\"alice\"}}]}}]}}'",
         running.grpc_addr,

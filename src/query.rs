@@ -61,7 +61,7 @@ pub async fn run(args: QueryArgs) -> anyhow::Result<ExitCode> {
 }
 
 /// Parses `key=value,key=value`; the value is everything after the first `=`.
-fn parse_descriptor(text: &str) -> anyhow::Result<RateLimitDescriptor> {
+pub(crate) fn parse_descriptor(text: &str) -> anyhow::Result<RateLimitDescriptor> {
     let entries = text
         .split(',')
         .map(|pair| match pair.split_once('=') {

@@ -29,6 +29,7 @@ use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
+use crate::backend::redis::Password;
 use crate::http::{self, HttpState};
 use crate::listener::{Acceptor, Timeouts};
 use crate::proto::FILE_DESCRIPTOR_SET;
@@ -70,6 +71,8 @@ pub struct Endpoints {
     pub http: SocketAddr,
     /// `/metrics` alone, besides the HTTP port (envoyproxy/ratelimit's Prometheus port).
     pub metrics: Option<SocketAddr>,
+    /// The admin API's address and the token it requires.
+    pub admin: Option<(SocketAddr, Password)>,
 }
 
 /// A server that is accepting requests.
@@ -77,6 +80,7 @@ pub struct RunningServer {
     pub grpc_addr: BoundAddr,
     pub http_addr: SocketAddr,
     pub metrics_addr: Option<SocketAddr>,
+    pub admin_addr: Option<SocketAddr>,
     stop: watch::Sender<bool>,
     ready: Arc<AtomicBool>,
     health: tonic_health::server::HealthReporter,
@@ -106,6 +110,7 @@ pub async fn start(
         grpc,
         http: http_addr,
         metrics,
+        admin,
     } = endpoints;
     let (grpc_listener, grpc_addr) = match &grpc.unix_socket {
         Some(path) => {
@@ -135,6 +140,18 @@ pub async fn start(
     };
     let metrics_addr = (metrics_listener.as_ref())
         .map(TcpListener::local_addr)
+        .transpose()?;
+    let admin = match admin {
+        Some((addr, token)) => {
+            let listener = TcpListener::bind(addr)
+                .await
+                .with_context(|| format!("binding the admin address {addr}"))?;
+            Some((listener, token))
+        }
+        None => None,
+    };
+    let admin_addr = (admin.as_ref())
+        .map(|(listener, _)| listener.local_addr())
         .transpose()?;
 
     let (health, health_service) = tonic_health::server::health_reporter();
@@ -202,6 +219,14 @@ pub async fn start(
             wait_for_stop(stopped.clone()),
         )
     });
+    let admin = admin.map(|(listener, token)| {
+        serve_http(
+            Acceptor::new("admin", listener, timeouts),
+            crate::admin::router(state.limiter.clone(), token),
+            limits,
+            wait_for_stop(stopped.clone()),
+        )
+    });
     let http = serve_http(
         Acceptor::new("http", http_listener, timeouts),
         http::router(state),
@@ -215,7 +240,12 @@ pub async fn start(
                 metrics.await;
             }
         };
-        let (grpc, (), ()) = tokio::join!(grpc, http, metrics);
+        let admin = async {
+            if let Some(admin) = admin {
+                admin.await;
+            }
+        };
+        let (grpc, (), (), ()) = tokio::join!(grpc, http, metrics, admin);
         grpc.context("gRPC server")?;
         Ok(())
     });
@@ -223,6 +253,7 @@ pub async fn start(
         grpc_addr,
         http_addr,
         metrics_addr,
+        admin_addr,
         stop,
         ready,
         health,

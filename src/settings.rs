@@ -214,6 +214,11 @@ pub struct Settings {
     /// Also serve `/metrics` alone on this address (envoyproxy/ratelimit's
     /// `PROMETHEUS_ADDR`); the HTTP port serves it anyway.
     pub metrics_addr: Option<SocketAddr>,
+    /// The admin API (read and reset counters) on this address; off when unset.
+    pub admin_addr: Option<SocketAddr>,
+    /// The bearer token every admin request must carry; required with `admin_addr`. Taken
+    /// as written from `FLOODGATE_ADMIN_TOKEN`; never printed.
+    pub admin_token: Option<Password>,
     /// Where the rules come from: the `rules` directory, or an xDS server (`xds`).
     pub rules_source: RulesSource,
     /// Directory of rule files.
@@ -319,6 +324,8 @@ impl Default for Settings {
             grpc_tls: GrpcTls::default(),
             http_addr: SocketAddr::from(([127, 0, 0, 1], 8080)),
             metrics_addr: None,
+            admin_addr: None,
+            admin_token: None,
             rules_source: RulesSource::Files,
             rules: PathBuf::from("examples/rules"),
             rules_reload_interval_ms: 1000,
@@ -373,7 +380,7 @@ impl Overrides {
 
 /// Settings whose environment value is taken as written: the environment layer otherwise
 /// reads numbers and booleans, which would turn a password `0123` into `123`.
-const VERBATIM: [&str; 2] = ["redis_username", "redis_password"];
+const VERBATIM: [&str; 3] = ["redis_username", "redis_password", "admin_token"];
 
 impl Settings {
     /// Layers the settings file (if any), the `FLOODGATE_*` environment and `overrides` over

@@ -95,6 +95,11 @@ impl MemoryBackend {
         }
     }
 
+    /// Forgets the counter `key`, as if never hit; whether there was one.
+    pub fn remove(&self, key: &CounterKey) -> bool {
+        self.shard(key).swap_remove(key).is_some()
+    }
+
     /// Live counters dropped so far to make room for new ones (each started over when next
     /// hit): above zero, `memory_max_counters` is too small for the keys in use.
     pub fn evicted(&self) -> u64 {

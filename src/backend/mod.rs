@@ -133,6 +133,28 @@ impl Store {
         remote.await
     }
 
+    /// Forgets the state of `counters`; how many states (Redis: keys) existed.
+    async fn reset(&self, counters: &[(CounterKey, Limit)]) -> Result<u64, BackendError> {
+        match self {
+            Store::Memory(memory) => {
+                let removed = counters.iter().filter(|(key, _)| memory.remove(key));
+                Ok(removed.count() as u64)
+            }
+            Store::Redis(redis) => {
+                let keys: Vec<(String, Limit)> = (counters.iter())
+                    .map(|(key, limit)| (redis.full_key(key.as_str()), limit.clone()))
+                    .collect();
+                redis.delete(&keys).await
+            }
+            Store::RedisCluster(cluster) => {
+                let keys: Vec<(String, Limit)> = (counters.iter())
+                    .map(|(key, limit)| (cluster.full_key(key.as_str()), limit.clone()))
+                    .collect();
+                cluster.delete(&keys).await
+            }
+        }
+    }
+
     /// A cheap call that succeeds only when the store answers (and leaves the scripts
     /// loaded, so the first requests after a recovery need no NOSCRIPT round).
     async fn probe(&self) -> Result<(), BackendError> {
@@ -333,6 +355,17 @@ impl Backend {
     /// Whether the circuit breaker is open (never, without one).
     pub fn circuit_open(&self) -> bool {
         !self.healthy()
+    }
+
+    /// Forgets `counters` as if never hit (the admin API's reset): their state in the
+    /// store, and any rejection remembered for them; how many states existed.
+    pub async fn reset(&self, counters: &[(CounterKey, Limit)]) -> Result<u64, BackendError> {
+        if let Some(cache) = &self.over_limit {
+            for (key, _) in counters {
+                cache.forget(key);
+            }
+        }
+        self.store.reset(counters).await
     }
 
     /// How many exhausted counters the over-limit cache remembers (0 without one).

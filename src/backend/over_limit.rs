@@ -90,6 +90,11 @@ impl OverLimitCache {
         shard.insert(key.clone(), until);
     }
 
+    /// Forgets `key` (its counter was reset).
+    pub fn forget(&self, key: &CounterKey) {
+        self.shard(key).swap_remove(key);
+    }
+
     /// Forgets every counter: after a rule reload a limit may have been raised, and a counter
     /// remembered as exhausted under the old limit may have quota under the new one.
     pub fn clear(&self) {

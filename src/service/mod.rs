@@ -6,6 +6,7 @@
 //! one call → combine the decisions into statuses, the overall code, headers and metadata.
 
 pub mod codec;
+pub mod counters;
 pub mod grpc;
 mod headers;
 mod metadata;

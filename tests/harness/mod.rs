@@ -70,6 +70,8 @@ pub struct Floodgate {
     child: Child,
     pub grpc_addr: SocketAddr,
     pub http_addr: SocketAddr,
+    /// The admin API's address, when `admin_addr` is set.
+    pub admin_addr: Option<SocketAddr>,
     pub rules_dir: tempfile::TempDir,
 }
 
@@ -133,9 +135,13 @@ impl Floodgate {
                 .and_then(|a| a.parse().ok())
                 .unwrap_or_else(|| panic!("no {name} in {addresses:?}"))
         };
+        let admin_addr = (addresses.split_whitespace())
+            .find_map(|part| part.strip_prefix("admin="))
+            .and_then(|a| a.parse().ok());
         Floodgate {
             grpc_addr: address("grpc="),
             http_addr: address("http="),
+            admin_addr,
             child,
             rules_dir,
         }
@@ -252,11 +258,25 @@ pub fn write_rules(rules: &[(&str, &str)]) -> tempfile::TempDir {
 }
 
 pub fn http(addr: SocketAddr, method: &str, path: &str, body: &str) -> (u16, String) {
+    http_with(addr, method, path, &[], body)
+}
+
+/// [`http`] with extra request headers.
+pub fn http_with(
+    addr: SocketAddr,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: &str,
+) -> (u16, String) {
     let mut stream = TcpStream::connect(addr).expect("connecting over HTTP");
     stream.set_read_timeout(Some(Duration::from_secs(10))).ok();
+    let extra: String = (headers.iter())
+        .map(|(name, value)| format!("{name}: {value}\r\n"))
+        .collect();
     write!(
         stream,
-        "{method} {path} HTTP/1.1\r\nhost: {addr}\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+        "{method} {path} HTTP/1.1\r\nhost: {addr}\r\ncontent-type: application/json\r\n{extra}content-length: {}\r\nconnection: close\r\n\r\n{body}",
         body.len()
     )
     .expect("writing the HTTP request");

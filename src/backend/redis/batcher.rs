@@ -181,6 +181,11 @@ impl<L: Link> Lane<L> {
         result
     }
 
+    /// One command on this lane's connection, outside the batched calls (admin work).
+    pub async fn query(&self, command: &redis::Cmd) -> Result<redis::Value, BackendError> {
+        self.state.link.query(command).await
+    }
+
     /// The local instant `at` on the server's clock, as far as this lane knows it.
     pub fn redis_time_at(&self, at: Instant) -> Option<u64> {
         self.state.redis_clock.redis_time_at(at)

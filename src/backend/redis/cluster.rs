@@ -36,7 +36,7 @@ use tokio::time::{Instant, timeout_at};
 
 use crate::backend::{BackendError, CounterHit, rejects};
 use crate::clock::Clock;
-use crate::limiter::{Decision, Hits};
+use crate::limiter::{Decision, Hits, Limit};
 
 use super::batcher::{Lane, Link, QueuedHit, Shared};
 use super::deadline::RedisClock;
@@ -318,6 +318,30 @@ impl RedisClusterBackend {
         let node = map?.node_of(key.as_bytes())?;
         let lane = lock(&self.lanes).get(node)?.clone();
         lane.redis_time_at(deadline)
+    }
+
+    /// The full Redis key of `key`: the settings' prefix, then the counter key.
+    pub fn full_key(&self, key: &str) -> String {
+        format!("{}{key}", self.options.key_prefix)
+    }
+
+    /// Deletes the state of the counters `keys` (full keys, each with its limit), one DEL
+    /// per counter (a counter's keys share a slot, different counters do not); how many
+    /// keys existed.
+    pub async fn delete(&self, keys: &[(String, Limit)]) -> Result<u64, BackendError> {
+        let mut connection = self.connector.connection().await?;
+        let now = self.shared.clock.now_micros();
+        let mut deleted = 0;
+        for (key, limit) in keys {
+            let names = super::script::nearby_state_keys(key, limit, now);
+            let gone: u64 = redis::cmd("DEL")
+                .arg(&names)
+                .query_async(&mut connection)
+                .await
+                .map_err(unavailable)?;
+            deleted += gone;
+        }
+        Ok(deleted)
     }
 
     /// The lane of `node`, made on first use.

@@ -38,7 +38,7 @@ use tokio::time::Instant;
 
 use crate::backend::{BackendError, CounterHit};
 use crate::clock::Clock;
-use crate::limiter::Decision;
+use crate::limiter::{Decision, Limit};
 use batcher::{Lane, Link, QueuedHit, Shared};
 use connect::{PrimaryConnection, Source};
 use deadline::RedisClock;
@@ -90,6 +90,8 @@ pub struct RedisBackend {
     lanes: Box<[Lane<ServerLink>]>,
     next: AtomicUsize,
     options: RedisOptions,
+    /// This process's clock: which window's key a reset deletes.
+    clock: Arc<dyn Clock>,
 }
 
 /// A lane's link to a standalone server: one multiplexed connection, opened from the
@@ -155,7 +157,7 @@ impl RedisBackend {
         let shared = Arc::new(Shared {
             scripts: Scripts::new(),
             command_timeout: options.command_timeout,
-            clock,
+            clock: clock.clone(),
         });
         let link = || ServerLink {
             source: source.clone(),
@@ -169,6 +171,7 @@ impl RedisBackend {
                 .collect(),
             next: AtomicUsize::new(0),
             options,
+            clock,
         })
     }
 
@@ -213,6 +216,29 @@ impl RedisBackend {
         tokio::time::timeout(bound, self.lane().load_scripts())
             .await
             .unwrap_or(Err(BackendError::Timeout(bound)))
+    }
+
+    /// The full Redis key of `key`: the settings' prefix, then the counter key.
+    pub fn full_key(&self, key: &str) -> String {
+        format!("{}{key}", self.options.key_prefix)
+    }
+
+    /// Deletes the state of the counters `keys` (full Redis keys, each with its limit):
+    /// every key a hit now, a window ago or a window ahead would use, so a clock a little
+    /// apart from Redis' misses none; how many keys existed.
+    pub async fn delete(&self, keys: &[(String, Limit)]) -> Result<u64, BackendError> {
+        let now = self.clock.now_micros();
+        let mut names: Vec<String> = keys
+            .iter()
+            .flat_map(|(key, limit)| script::nearby_state_keys(key, limit, now))
+            .collect();
+        names.sort();
+        names.dedup();
+        if names.is_empty() {
+            return Ok(0);
+        }
+        let reply = self.lane().query(redis::cmd("DEL").arg(&names)).await?;
+        redis::from_redis_value(reply).map_err(|e| BackendError::Protocol(e.to_string()))
     }
 
     /// The next lane, round-robin.

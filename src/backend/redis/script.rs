@@ -130,6 +130,23 @@ pub fn state_keys(key: &str, limit: &Limit, now_micros: u64) -> Vec<String> {
     }
 }
 
+/// Every key a hit on the counter `key` would use now, a window ago or a window ahead: what
+/// a reset deletes, so that a clock a little apart from Redis' misses no fixed window.
+pub fn nearby_state_keys(key: &str, limit: &Limit, now_micros: u64) -> Vec<String> {
+    let window = limit.window_micros();
+    let instants = [
+        now_micros.saturating_sub(window),
+        now_micros,
+        now_micros.saturating_add(window),
+    ];
+    let mut keys: Vec<String> = (instants.iter())
+        .flat_map(|&at| state_keys(key, limit, at))
+        .collect();
+    keys.sort();
+    keys.dedup();
+    keys
+}
+
 /// The key of a fixed window's count, named as `window_key` in `lua/fixed_window.lua` does.
 fn window_key(key: &str, ends_micros: u64) -> String {
     if ends_micros.is_multiple_of(SECOND_MICROS) {

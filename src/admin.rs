@@ -1,0 +1,204 @@
+//! The admin API: read and reset counters, on a listener of its own (`admin_addr`, off by
+//! default), every request carrying `Authorization: Bearer <admin_token>`.
+//!
+//! - `POST /admin/v1/counters`: `{"domain": "api", "descriptor": [{"key": "user", "value":
+//!   "alice"}]}` answers the rule the descriptor resolves to and each of its limits: the
+//!   quota left and the seconds until the next unit returns, read without counting.
+//! - `POST /admin/v1/counters/reset`: the same body; forgets those counters, as if never hit
+//!   (store, over-limit cache and `local` counters alike), and answers how many states
+//!   existed.
+//!
+//! A descriptor no rule counts is 404; a malformed body 400; a missing or wrong token 401
+//! (compared in constant time); a backend that cannot answer 503.
+
+use std::sync::Arc;
+
+use axum::Json;
+use axum::Router;
+use axum::extract::{Request, State};
+use axum::http::StatusCode;
+use axum::http::header::AUTHORIZATION;
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::post;
+use serde::Deserialize;
+use serde_json::json;
+
+use crate::backend::redis::Password;
+use crate::limiter::SECOND_MICROS;
+use crate::service::RateLimiter;
+use crate::service::counters::NoCounters;
+
+/// What the admin handlers share.
+#[derive(Clone)]
+struct AdminState {
+    limiter: Arc<RateLimiter>,
+    token: Arc<Password>,
+}
+
+/// The admin router for `limiter`, guarded by `token`.
+pub fn router(limiter: Arc<RateLimiter>, token: Password) -> Router {
+    let state = AdminState {
+        limiter,
+        token: Arc::new(token),
+    };
+    Router::new()
+        .route("/admin/v1/counters", post(counters))
+        .route("/admin/v1/counters/reset", post(reset))
+        .layer(middleware::from_fn_with_state(state.clone(), authorize))
+        .with_state(state)
+}
+
+/// One descriptor of one domain.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct CounterRequest {
+    domain: String,
+    descriptor: Vec<EntryBody>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct EntryBody {
+    key: String,
+    value: String,
+}
+
+impl CounterRequest {
+    fn entries(&self) -> Vec<(String, String)> {
+        (self.descriptor.iter())
+            .map(|entry| (entry.key.clone(), entry.value.clone()))
+            .collect()
+    }
+}
+
+async fn authorize(State(state): State<AdminState>, request: Request, next: Next) -> Response {
+    let given = (request.headers().get(AUTHORIZATION))
+        .and_then(|value| value.to_str().ok())
+        .and_then(|value| value.strip_prefix("Bearer "));
+    match given {
+        Some(token) if same(token.as_bytes(), state.token.expose().as_bytes()) => {
+            next.run(request).await
+        }
+        _ => (
+            StatusCode::UNAUTHORIZED,
+            "admin API: `Authorization: Bearer <admin_token>` required\n",
+        )
+            .into_response(),
+    }
+}
+
+/// Byte strings compared in time that depends on their lengths only.
+fn same(given: &[u8], expected: &[u8]) -> bool {
+    given.len() == expected.len()
+        && given
+            .iter()
+            .zip(expected)
+            .fold(0u8, |differ, (a, b)| differ | (a ^ b))
+            == 0
+}
+
+async fn counters(
+    State(state): State<AdminState>,
+    body: Result<Json<CounterRequest>, axum::extract::rejection::JsonRejection>,
+) -> Response {
+    let request = match body {
+        Ok(Json(request)) => request,
+        Err(rejection) => return bad_body(rejection),
+    };
+    match state
+        .limiter
+        .counters(&request.domain, &request.entries())
+        .await
+    {
+        Ok((rule, states)) => {
+            let mut unavailable = None;
+            let limits: Vec<serde_json::Value> = (states.iter())
+                .map(|counter| {
+                    let limit = &counter.limit;
+                    let mut view = json!({
+                        "name": counter.name,
+                        "algorithm": limit.algorithm.name(),
+                        "unit": limit.unit.name(),
+                        "unit_multiplier": limit.unit_multiplier,
+                        "requests_per_unit": limit.requests_per_unit,
+                    });
+                    match &counter.state {
+                        Ok(decision) => {
+                            view["remaining"] = decision.remaining.into();
+                            view["reset_seconds"] =
+                                decision.reset_micros.div_ceil(SECOND_MICROS).into();
+                            view["over_limit"] = (!decision.allowed).into();
+                        }
+                        Err(error) => {
+                            view["error"] = error.to_string().into();
+                            unavailable = Some(error.to_string());
+                        }
+                    }
+                    view
+                })
+                .collect();
+            let status = match unavailable {
+                Some(_) => StatusCode::SERVICE_UNAVAILABLE,
+                None => StatusCode::OK,
+            };
+            (status, Json(json!({ "rule": rule, "limits": limits }))).into_response()
+        }
+        Err(none) => no_counters(none),
+    }
+}
+
+async fn reset(
+    State(state): State<AdminState>,
+    body: Result<Json<CounterRequest>, axum::extract::rejection::JsonRejection>,
+) -> Response {
+    let request = match body {
+        Ok(Json(request)) => request,
+        Err(rejection) => return bad_body(rejection),
+    };
+    let entries = request.entries();
+    match state
+        .limiter
+        .reset_counters(&request.domain, &entries)
+        .await
+    {
+        Ok((rule, Ok(existed))) => {
+            tracing::info!(domain = %request.domain, rule, ?entries, "counters reset");
+            Json(json!({ "rule": rule, "reset": existed })).into_response()
+        }
+        Ok((rule, Err(error))) => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            Json(json!({ "rule": rule, "error": error.to_string() })),
+        )
+            .into_response(),
+        Err(none) => no_counters(none),
+    }
+}
+
+fn no_counters(none: NoCounters) -> Response {
+    let status = match none {
+        NoCounters::NoRule { .. } => StatusCode::NOT_FOUND,
+        NoCounters::Invalid(_) => StatusCode::BAD_REQUEST,
+    };
+    (status, Json(json!({ "error": none.to_string() }))).into_response()
+}
+
+fn bad_body(rejection: axum::extract::rejection::JsonRejection) -> Response {
+    let message = format!(
+        "expected {{\"domain\": …, \"descriptor\": [{{\"key\": …, \"value\": …}}]}}: {rejection}"
+    );
+    (StatusCode::BAD_REQUEST, Json(json!({ "error": message }))).into_response()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::same;
+
+    #[test]
+    fn tokens_compare_equal_only_when_equal() {
+        assert!(same(b"s3cret", b"s3cret"));
+        assert!(!same(b"s3cret", b"s3creT"));
+        assert!(!same(b"s3cre", b"s3cret"));
+        assert!(!same(b"", b"s3cret"));
+    }
+}

@@ -1,0 +1,166 @@
+//! The admin API against the real binary: reading a descriptor's counters without counting,
+//! resetting them (on memory, and on a real Redis, where the replica's over-limit cache must
+//! forget them too), and refusing every request without the token.
+
+mod harness;
+mod redis_harness;
+
+use harness::{Floodgate, OK, OVER_LIMIT, descriptor, http_with, request};
+use redis_harness::RedisServer;
+
+const RULES: &str = "
+domain: admin
+descriptors:
+  - key: user
+    rate_limits:
+      - {unit: hour, requests_per_unit: 3, name: hourly}
+      - {unit: day, requests_per_unit: 10, algorithm: sliding_log, name: daily}
+";
+
+const TOKEN: &str = "0123-admin-token";
+
+fn start(flags: &[&str]) -> Floodgate {
+    Floodgate::start_with_env(
+        &[("admin.yaml", RULES)],
+        flags,
+        &[
+            ("FLOODGATE_ADMIN_ADDR", "127.0.0.1:0"),
+            ("FLOODGATE_ADMIN_TOKEN", TOKEN),
+            ("FLOODGATE_REDIS_COMMAND_TIMEOUT_MS", "2000"),
+        ],
+    )
+}
+
+const ALICE: &str = r#"{"domain": "admin", "descriptor": [{"key": "user", "value": "alice"}]}"#;
+
+/// An admin request with `token`; status and body.
+fn admin(server: &Floodgate, path: &str, token: Option<&str>, body: &str) -> (u16, String) {
+    let addr = server.admin_addr.expect("the admin API is on");
+    let bearer = token.map(|token| format!("Bearer {token}"));
+    let headers: Vec<(&str, &str)> = bearer
+        .iter()
+        .map(|value| ("authorization", value.as_str()))
+        .collect();
+    http_with(addr, "POST", path, &headers, body)
+}
+
+/// Each limit's `remaining` in an answer of `POST /admin/v1/counters`.
+fn remaining(body: &str) -> Vec<u64> {
+    let answer: serde_json::Value = serde_json::from_str(body).expect("JSON");
+    (answer["limits"].as_array().expect("limits").iter())
+        .map(|limit| limit["remaining"].as_u64().expect("remaining"))
+        .collect()
+}
+
+/// Three hits exhaust alice's hourly limit; the admin API reads them, resets them, and
+/// alice is allowed again.
+async fn read_and_reset(server: &Floodgate) {
+    let ask = || request("admin", vec![descriptor(&[("user", "alice")])]);
+    for _ in 0..3 {
+        assert_eq!(server.ask(ask()).await.overall_code, OK);
+    }
+    assert_eq!(server.ask(ask()).await.overall_code, OVER_LIMIT);
+
+    let (status, body) = admin(server, "/admin/v1/counters", Some(TOKEN), ALICE);
+    assert_eq!(status, 200, "{body}");
+    assert!(body.contains(r#""rule":"admin.user""#), "{body}");
+    // The daily log counted the refused fourth hit too (consume_on_reject, the default).
+    assert_eq!(remaining(&body), [0, 6], "{body}");
+    let (_, again) = admin(server, "/admin/v1/counters", Some(TOKEN), ALICE);
+    assert_eq!(remaining(&again), [0, 6], "reading counts nothing: {again}");
+
+    let (status, body) = admin(server, "/admin/v1/counters/reset", Some(TOKEN), ALICE);
+    assert_eq!(status, 200, "{body}");
+    let (_, body) = admin(server, "/admin/v1/counters", Some(TOKEN), ALICE);
+    assert_eq!(remaining(&body), [3, 10], "{body}");
+    assert_eq!(
+        server.ask(ask()).await.overall_code,
+        OK,
+        "alice starts over"
+    );
+}
+
+#[tokio::test]
+async fn on_memory_counters_are_read_without_counting_and_reset() {
+    read_and_reset(&start(&[])).await;
+}
+
+#[tokio::test]
+async fn on_redis_a_reset_reaches_redis_and_the_over_limit_cache() {
+    let redis = RedisServer::start();
+    let url = redis.url();
+    let server = start(&["--backend", "redis", "--redis-url", &url]);
+    read_and_reset(&server).await;
+    // alice's one new hit: the hourly window's key and the log's two keys.
+    assert_eq!(redis.command(&["DBSIZE"]), "3");
+}
+
+#[tokio::test]
+async fn every_admin_request_needs_the_token() {
+    let server = start(&[]);
+    for token in [None, Some("wrong"), Some("0123-admin-tokem")] {
+        for path in ["/admin/v1/counters", "/admin/v1/counters/reset"] {
+            let (status, _) = admin(&server, path, token, ALICE);
+            assert_eq!(status, 401, "{path} with {token:?}");
+        }
+    }
+    let unknown = r#"{"domain": "admin", "descriptor": [{"key": "nobody", "value": "x"}]}"#;
+    assert_eq!(
+        admin(&server, "/admin/v1/counters", Some(TOKEN), unknown).0,
+        404
+    );
+    assert_eq!(
+        admin(&server, "/admin/v1/counters", Some(TOKEN), "{}").0,
+        400
+    );
+}
+
+#[test]
+fn the_admin_api_is_off_by_default_and_never_open() {
+    let server = Floodgate::start(&[("admin.yaml", RULES)], &[]);
+    assert_eq!(server.admin_addr, None);
+    let output = harness::command()
+        .args([
+            "serve",
+            "--grpc-addr",
+            "127.0.0.1:0",
+            "--http-addr",
+            "127.0.0.1:0",
+        ])
+        .env("FLOODGATE_ADMIN_ADDR", "127.0.0.1:0")
+        .output()
+        .expect("floodgate runs");
+    assert!(!output.status.success());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains("admin_token"), "{stderr}");
+}
+
+#[tokio::test]
+async fn the_cli_reads_and_resets_through_the_admin_api() {
+    let server = start(&[]);
+    let ask = request("admin", vec![descriptor(&[("user", "bob")])]);
+    assert_eq!(server.ask(ask.clone()).await.overall_code, OK);
+    let addr = server.admin_addr.expect("the admin API").to_string();
+    let counters = |action: &str, token: &str| {
+        harness::command()
+            .args(["counters", action, "--addr", &addr, "--domain", "admin"])
+            .args(["--descriptor", "user=bob"])
+            .env("FLOODGATE_ADMIN_TOKEN", token)
+            .output()
+            .expect("floodgate runs")
+    };
+    let got = counters("get", TOKEN);
+    assert!(
+        got.status.success(),
+        "{}",
+        String::from_utf8_lossy(&got.stderr)
+    );
+    assert_eq!(remaining(&String::from_utf8_lossy(&got.stdout)), [2, 9]);
+    assert!(counters("reset", TOKEN).status.success());
+    let after = counters("get", TOKEN);
+    assert_eq!(remaining(&String::from_utf8_lossy(&after.stdout)), [3, 10]);
+    assert!(
+        !counters("get", "wrong").status.success(),
+        "a wrong token fails the command"
+    );
+}
