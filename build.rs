@@ -8,9 +8,11 @@ use std::path::PathBuf;
 const SERVICE_PROTO: &str = "proto/envoy/service/ratelimit/v3/rls.proto";
 /// Rules over xDS: the Aggregated Discovery Service (floodgate is its client; the tests run
 /// a server) and envoyproxy/ratelimit's RateLimitConfig resource.
-const XDS_PROTOS: [&str; 2] = [
+const XDS_PROTOS: [&str; 3] = [
     "proto/envoy/service/discovery/v3/ads.proto",
     "proto/ratelimit/config/ratelimit/v3/rls_conf.proto",
+    // And floodgate's own admin service, which prost's codec serves too.
+    "proto/floodgate/admin/v1/admin.proto",
 ];
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {

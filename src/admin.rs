@@ -10,6 +10,10 @@
 //!
 //! A descriptor no rule counts is 404; a malformed body 400; a missing or wrong token 401
 //! (compared in constant time); a backend that cannot answer 503.
+//!
+//! The same two calls are a gRPC service on the same listener
+//! (`floodgate.admin.v1.CounterAdmin`, `proto/floodgate/admin/v1/admin.proto`), behind the
+//! same token (`authorization: Bearer …` metadata; a refusal is UNAUTHENTICATED).
 
 use std::sync::Arc;
 
@@ -24,10 +28,16 @@ use axum::routing::post;
 use serde::Deserialize;
 use serde_json::json;
 
+use tonic::server::NamedService;
+
 use crate::backend::redis::Password;
 use crate::limiter::SECOND_MICROS;
+use crate::proto::floodgate::admin::v1::counter_admin_server::{CounterAdmin, CounterAdminServer};
+use crate::proto::floodgate::admin::v1::{
+    CounterRequest as GrpcCounterRequest, CountersReply, LimitCounter, ResetReply,
+};
 use crate::service::RateLimiter;
-use crate::service::counters::NoCounters;
+use crate::service::counters::{CounterState, NoCounters};
 
 /// What the admin handlers share.
 #[derive(Clone)]
@@ -42,11 +52,85 @@ pub fn router(limiter: Arc<RateLimiter>, token: Password) -> Router {
         limiter,
         token: Arc::new(token),
     };
+    let grpc = CounterAdminServer::new(GrpcAdmin(state.limiter.clone()));
     Router::new()
         .route("/admin/v1/counters", post(counters))
         .route("/admin/v1/counters/reset", post(reset))
+        .route_service(
+            &format!(
+                "/{}/{{*method}}",
+                <CounterAdminServer<GrpcAdmin> as NamedService>::NAME
+            ),
+            grpc,
+        )
         .layer(middleware::from_fn_with_state(state.clone(), authorize))
         .with_state(state)
+}
+
+/// One limit's counter as both forms of the API show it.
+fn limit_counter(counter: &CounterState) -> LimitCounter {
+    let limit = &counter.limit;
+    let decision = counter.state.as_ref().ok();
+    LimitCounter {
+        name: counter.name.clone().unwrap_or_default(),
+        algorithm: limit.algorithm.name().into(),
+        unit: limit.unit.name().into(),
+        unit_multiplier: limit.unit_multiplier,
+        requests_per_unit: limit.requests_per_unit,
+        remaining: decision.map_or(0, |d| d.remaining),
+        reset_seconds: decision.map_or(0, |d| d.reset_micros.div_ceil(SECOND_MICROS)),
+        over_limit: decision.is_some_and(|d| !d.allowed),
+    }
+}
+
+/// The admin API's gRPC form.
+struct GrpcAdmin(Arc<RateLimiter>);
+
+#[tonic::async_trait]
+impl CounterAdmin for GrpcAdmin {
+    async fn get_counters(
+        &self,
+        request: tonic::Request<GrpcCounterRequest>,
+    ) -> Result<tonic::Response<CountersReply>, tonic::Status> {
+        let request = request.into_inner();
+        let (rule, states) = (self.0)
+            .counters(&request.domain, &grpc_entries(&request))
+            .await
+            .map_err(no_counters_status)?;
+        if let Some(Err(error)) = states.iter().map(|c| &c.state).find(|s| s.is_err()) {
+            return Err(tonic::Status::unavailable(error.to_string()));
+        }
+        let limits = states.iter().map(limit_counter).collect();
+        Ok(tonic::Response::new(CountersReply { rule, limits }))
+    }
+
+    async fn reset_counters(
+        &self,
+        request: tonic::Request<GrpcCounterRequest>,
+    ) -> Result<tonic::Response<ResetReply>, tonic::Status> {
+        let request = request.into_inner();
+        let entries = grpc_entries(&request);
+        let (rule, existed) = (self.0)
+            .reset_counters(&request.domain, &entries)
+            .await
+            .map_err(no_counters_status)?;
+        let reset = existed.map_err(|error| tonic::Status::unavailable(error.to_string()))?;
+        tracing::info!(domain = %request.domain, rule, ?entries, "counters reset");
+        Ok(tonic::Response::new(ResetReply { rule, reset }))
+    }
+}
+
+fn grpc_entries(request: &GrpcCounterRequest) -> Vec<(String, String)> {
+    (request.descriptor.iter())
+        .map(|entry| (entry.key.clone(), entry.value.clone()))
+        .collect()
+}
+
+fn no_counters_status(none: NoCounters) -> tonic::Status {
+    match none {
+        NoCounters::NoRule { .. } => tonic::Status::not_found(none.to_string()),
+        NoCounters::Invalid(_) => tonic::Status::invalid_argument(none.to_string()),
+    }
 }
 
 /// One descriptor of one domain.
@@ -80,12 +164,22 @@ async fn authorize(State(state): State<AdminState>, request: Request, next: Next
         Some(token) if same(token.as_bytes(), state.token.expose().as_bytes()) => {
             next.run(request).await
         }
-        _ => (
-            StatusCode::UNAUTHORIZED,
-            "admin API: `Authorization: Bearer <admin_token>` required\n",
-        )
-            .into_response(),
+        _ if is_grpc(&request) => {
+            let status = tonic::Status::unauthenticated(REFUSED.trim_end());
+            status.into_http::<axum::body::Body>()
+        }
+        _ => (StatusCode::UNAUTHORIZED, REFUSED).into_response(),
     }
+}
+
+/// What a request without the right token is told.
+const REFUSED: &str = "admin API: `Authorization: Bearer <admin_token>` required\n";
+
+/// A gRPC call, which must be refused with a gRPC status, not an HTTP one.
+fn is_grpc(request: &Request) -> bool {
+    (request.headers().get(axum::http::header::CONTENT_TYPE))
+        .and_then(|value| value.to_str().ok())
+        .is_some_and(|value| value.starts_with("application/grpc"))
 }
 
 /// Byte strings compared in time that depends on their lengths only.
@@ -115,20 +209,19 @@ async fn counters(
             let mut unavailable = None;
             let limits: Vec<serde_json::Value> = (states.iter())
                 .map(|counter| {
-                    let limit = &counter.limit;
+                    let shown = limit_counter(counter);
                     let mut view = json!({
                         "name": counter.name,
-                        "algorithm": limit.algorithm.name(),
-                        "unit": limit.unit.name(),
-                        "unit_multiplier": limit.unit_multiplier,
-                        "requests_per_unit": limit.requests_per_unit,
+                        "algorithm": shown.algorithm,
+                        "unit": shown.unit,
+                        "unit_multiplier": shown.unit_multiplier,
+                        "requests_per_unit": shown.requests_per_unit,
                     });
                     match &counter.state {
-                        Ok(decision) => {
-                            view["remaining"] = decision.remaining.into();
-                            view["reset_seconds"] =
-                                decision.reset_micros.div_ceil(SECOND_MICROS).into();
-                            view["over_limit"] = (!decision.allowed).into();
+                        Ok(_) => {
+                            view["remaining"] = shown.remaining.into();
+                            view["reset_seconds"] = shown.reset_seconds.into();
+                            view["over_limit"] = shown.over_limit.into();
                         }
                         Err(error) => {
                             view["error"] = error.to_string().into();

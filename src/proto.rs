@@ -59,6 +59,15 @@ pub mod google {
     }
 }
 
+/// floodgate's admin API over gRPC (`src/admin.rs`).
+pub mod floodgate {
+    pub mod admin {
+        pub mod v1 {
+            tonic::include_proto!("floodgate.admin.v1");
+        }
+    }
+}
+
 /// envoyproxy/ratelimit's rule configuration as an xDS resource.
 pub mod ratelimit {
     pub mod config {

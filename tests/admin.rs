@@ -164,3 +164,59 @@ async fn the_cli_reads_and_resets_through_the_admin_api() {
         "a wrong token fails the command"
     );
 }
+
+#[tokio::test]
+async fn the_grpc_form_reads_and_resets_behind_the_same_token() {
+    use floodgate::proto::floodgate::admin::v1::counter_admin_client::CounterAdminClient;
+    use floodgate::proto::floodgate::admin::v1::{CounterRequest, Entry};
+
+    let server = start(&[]);
+    let ask = request("admin", vec![descriptor(&[("user", "carol")])]);
+    assert_eq!(server.ask(ask.clone()).await.overall_code, OK);
+    let addr = format!("http://{}", server.admin_addr.expect("the admin API"));
+    let channel = tonic::transport::Endpoint::from_shared(addr)
+        .expect("an endpoint")
+        .connect()
+        .await
+        .expect("the admin port speaks HTTP/2");
+    let with_token = |token: &'static str| {
+        move |mut request: tonic::Request<()>| {
+            let bearer = format!("Bearer {token}").parse().expect("metadata");
+            request.metadata_mut().insert("authorization", bearer);
+            Ok(request)
+        }
+    };
+    let carol = || CounterRequest {
+        domain: "admin".into(),
+        descriptor: vec![Entry {
+            key: "user".into(),
+            value: "carol".into(),
+        }],
+    };
+    let mut admin = CounterAdminClient::with_interceptor(channel.clone(), with_token(TOKEN));
+    let counters = admin
+        .get_counters(carol())
+        .await
+        .expect("counters")
+        .into_inner();
+    assert_eq!(counters.rule, "admin.user");
+    let remaining: Vec<u64> = counters.limits.iter().map(|l| l.remaining).collect();
+    assert_eq!(remaining, [2, 9]);
+    let reset = admin
+        .reset_counters(carol())
+        .await
+        .expect("a reset")
+        .into_inner();
+    assert_eq!(reset.rule, "admin.user");
+    let counters = admin
+        .get_counters(carol())
+        .await
+        .expect("counters")
+        .into_inner();
+    let remaining: Vec<u64> = counters.limits.iter().map(|l| l.remaining).collect();
+    assert_eq!(remaining, [3, 10]);
+
+    let mut stranger = CounterAdminClient::with_interceptor(channel, with_token("wrong"));
+    let refused = stranger.get_counters(carol()).await.expect_err("refused");
+    assert_eq!(refused.code(), tonic::Code::Unauthenticated);
+}
