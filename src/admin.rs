@@ -19,6 +19,7 @@ use std::sync::Arc;
 
 use axum::Json;
 use axum::Router;
+use axum::extract::rejection::JsonRejection;
 use axum::extract::{Request, State};
 use axum::http::StatusCode;
 use axum::http::header::AUTHORIZATION;
@@ -192,10 +193,10 @@ fn same(given: &[u8], expected: &[u8]) -> bool {
             == 0
 }
 
-async fn counters(
-    State(state): State<AdminState>,
-    body: Result<Json<CounterRequest>, axum::extract::rejection::JsonRejection>,
-) -> Response {
+/// A request body as the handlers take it: the JSON, or why it is not one.
+type Body = Result<Json<CounterRequest>, JsonRejection>;
+
+async fn counters(State(state): State<AdminState>, body: Body) -> Response {
     let request = match body {
         Ok(Json(request)) => request,
         Err(rejection) => return bad_body(rejection),
@@ -206,7 +207,7 @@ async fn counters(
         .await
     {
         Ok((rule, states)) => {
-            let mut unavailable = None;
+            let mut unavailable = false;
             let limits: Vec<serde_json::Value> = (states.iter())
                 .map(|counter| {
                     let shown = limit_counter(counter);
@@ -225,15 +226,16 @@ async fn counters(
                         }
                         Err(error) => {
                             view["error"] = error.to_string().into();
-                            unavailable = Some(error.to_string());
+                            unavailable = true;
                         }
                     }
                     view
                 })
                 .collect();
-            let status = match unavailable {
-                Some(_) => StatusCode::SERVICE_UNAVAILABLE,
-                None => StatusCode::OK,
+            let status = if unavailable {
+                StatusCode::SERVICE_UNAVAILABLE
+            } else {
+                StatusCode::OK
             };
             (status, Json(json!({ "rule": rule, "limits": limits }))).into_response()
         }
@@ -241,10 +243,7 @@ async fn counters(
     }
 }
 
-async fn reset(
-    State(state): State<AdminState>,
-    body: Result<Json<CounterRequest>, axum::extract::rejection::JsonRejection>,
-) -> Response {
+async fn reset(State(state): State<AdminState>, body: Body) -> Response {
     let request = match body {
         Ok(Json(request)) => request,
         Err(rejection) => return bad_body(rejection),
@@ -276,7 +275,7 @@ fn no_counters(none: NoCounters) -> Response {
     (status, Json(json!({ "error": none.to_string() }))).into_response()
 }
 
-fn bad_body(rejection: axum::extract::rejection::JsonRejection) -> Response {
+fn bad_body(rejection: JsonRejection) -> Response {
     let message = format!(
         "expected {{\"domain\": …, \"descriptor\": [{{\"key\": …, \"value\": …}}]}}: {rejection}"
     );

@@ -119,19 +119,10 @@ async fn every_admin_request_needs_the_token() {
 fn the_admin_api_is_off_by_default_and_never_open() {
     let server = Floodgate::start(&[("admin.yaml", RULES)], &[]);
     assert_eq!(server.admin_addr, None);
-    let output = harness::command()
-        .args([
-            "serve",
-            "--grpc-addr",
-            "127.0.0.1:0",
-            "--http-addr",
-            "127.0.0.1:0",
-        ])
-        .env("FLOODGATE_ADMIN_ADDR", "127.0.0.1:0")
-        .output()
-        .expect("floodgate runs");
-    assert!(!output.status.success());
-    let stderr = String::from_utf8_lossy(&output.stderr);
+    let stderr = harness::refused_start(
+        &harness::SERVE_ANYWHERE,
+        &[("FLOODGATE_ADMIN_ADDR", "127.0.0.1:0")],
+    );
     assert!(stderr.contains("admin_token"), "{stderr}");
 }
 

@@ -211,12 +211,6 @@ async fn envoy_gateways_environment_gets_rules_over_mutual_tls_and_serves_tls() 
 
 #[test]
 fn an_upstream_setting_floodgate_cannot_serve_stops_the_start_naming_it() {
-    let output = harness::command()
-        .arg("ratelimit")
-        .env("BACKEND_TYPE", "memcache")
-        .output()
-        .expect("floodgate runs");
-    assert!(!output.status.success());
-    let stderr = String::from_utf8_lossy(&output.stderr);
+    let stderr = harness::refused_start(&["ratelimit"], &[("BACKEND_TYPE", "memcache")]);
     assert!(stderr.contains("BACKEND_TYPE=\"memcache\""), "{stderr}");
 }

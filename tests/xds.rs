@@ -271,20 +271,14 @@ fn an_overlays_file_that_does_not_read_stops_the_start_naming_it() {
         "[[overlay]]\ndomain = 'a'\npath = []\nburts = 1\n",
     )
     .expect("write");
-    let output = harness::command()
-        .args([
-            "serve",
-            "--grpc-addr",
-            "127.0.0.1:0",
-            "--http-addr",
-            "127.0.0.1:0",
-        ])
-        .env("FLOODGATE_RULES_SOURCE", "xds")
-        .env("FLOODGATE_XDS__OVERLAYS_FILE", &overlays)
-        .output()
-        .expect("floodgate runs");
-    assert!(!output.status.success());
-    let stderr = String::from_utf8_lossy(&output.stderr);
+    let path = overlays.display().to_string();
+    let stderr = harness::refused_start(
+        &harness::SERVE_ANYWHERE,
+        &[
+            ("FLOODGATE_RULES_SOURCE", "xds"),
+            ("FLOODGATE_XDS__OVERLAYS_FILE", &path),
+        ],
+    );
     assert!(
         stderr.contains("overlays.toml") && stderr.contains("burts"),
         "{stderr}"

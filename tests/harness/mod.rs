@@ -225,6 +225,30 @@ impl Drop for Floodgate {
     }
 }
 
+/// Runs the binary with `args` and `env`, expects it to refuse to start, and returns what it
+/// wrote to stderr.
+pub fn refused_start(args: &[&str], env: &[(&str, &str)]) -> String {
+    let output = command()
+        .args(args)
+        .envs(env.iter().copied())
+        .output()
+        .expect("floodgate runs");
+    assert!(
+        !output.status.success(),
+        "floodgate started with {args:?} {env:?}"
+    );
+    String::from_utf8_lossy(&output.stderr).into_owned()
+}
+
+/// `serve` on free loopback ports: the arguments a start that must fail is given.
+pub const SERVE_ANYWHERE: [&str; 5] = [
+    "serve",
+    "--grpc-addr",
+    "127.0.0.1:0",
+    "--http-addr",
+    "127.0.0.1:0",
+];
+
 /// The binary with a clean environment: no FLOODGATE_* from the caller leaks in.
 pub fn command() -> Command {
     wrapped(&[])
