@@ -1,5 +1,7 @@
 //! The admin API: read and reset counters, on a listener of its own (`admin_addr`, off by
-//! default), every request carrying `Authorization: Bearer <admin_token>`.
+//! default), never open: every request carries `Authorization: Bearer <admin_token>`, or
+//! comes over mutual TLS (`admin_tls.client_ca_file`: a client without a certificate the CA
+//! signed is refused in the handshake), or both where both are set.
 //!
 //! - `POST /admin/v1/counters`: `{"domain": "api", "descriptor": [{"key": "user", "value":
 //!   "alice"}]}` answers the rule the descriptor resolves to and each of its limits: the
@@ -44,17 +46,14 @@ use crate::service::counters::{CounterState, NoCounters};
 #[derive(Clone)]
 struct AdminState {
     limiter: Arc<RateLimiter>,
-    token: Arc<Password>,
 }
 
-/// The admin router for `limiter`, guarded by `token`.
-pub fn router(limiter: Arc<RateLimiter>, token: Password) -> Router {
-    let state = AdminState {
-        limiter,
-        token: Arc::new(token),
-    };
+/// The admin router for `limiter`, guarded by `token` where one is given (the listener's
+/// mutual TLS must guard it otherwise).
+pub fn router(limiter: Arc<RateLimiter>, token: Option<Password>) -> Router {
+    let state = AdminState { limiter };
     let grpc = CounterAdminServer::new(GrpcAdmin(state.limiter.clone()));
-    Router::new()
+    let router = Router::new()
         .route("/admin/v1/counters", post(counters))
         .route("/admin/v1/counters/reset", post(reset))
         .route_service(
@@ -64,8 +63,11 @@ pub fn router(limiter: Arc<RateLimiter>, token: Password) -> Router {
             ),
             grpc,
         )
-        .layer(middleware::from_fn_with_state(state.clone(), authorize))
-        .with_state(state)
+        .with_state(state);
+    match token {
+        Some(token) => router.layer(middleware::from_fn_with_state(Arc::new(token), authorize)),
+        None => router,
+    }
 }
 
 /// One limit's counter as both forms of the API show it.
@@ -157,14 +159,12 @@ impl CounterRequest {
     }
 }
 
-async fn authorize(State(state): State<AdminState>, request: Request, next: Next) -> Response {
+async fn authorize(State(token): State<Arc<Password>>, request: Request, next: Next) -> Response {
     let given = (request.headers().get(AUTHORIZATION))
         .and_then(|value| value.to_str().ok())
         .and_then(|value| value.strip_prefix("Bearer "));
     match given {
-        Some(token) if same(token.as_bytes(), state.token.expose().as_bytes()) => {
-            next.run(request).await
-        }
+        Some(given) if same(given.as_bytes(), token.expose().as_bytes()) => next.run(request).await,
         _ if is_grpc(&request) => {
             let status = tonic::Status::unauthenticated(REFUSED.trim_end());
             status.into_http::<axum::body::Body>()

@@ -18,10 +18,10 @@ use floodgate::backend::{
 use floodgate::clock::SystemClock;
 use floodgate::reload::{Hangups, Reloader};
 use floodgate::rules::{DEFAULT_RULES_MAX_BYTES, Origin, RuleFiles, RuleSet};
-use floodgate::server::{Endpoints, GrpcEndpoint};
+use floodgate::server::{AdminEndpoint, Endpoints, GrpcEndpoint};
 use floodgate::service::{RateLimiter, ServiceOptions};
 use floodgate::settings::{BackendKind, HeaderStyle, LogFormat, Overrides, RulesSource, Settings};
-use floodgate::tls::ServerTls;
+use floodgate::tls::{Protocols, ServerTls};
 use floodgate::xds::Subscription;
 use floodgate::{bench, compat, counters_cli, query, server};
 
@@ -376,13 +376,9 @@ async fn serve(settings: Settings) -> anyhow::Result<()> {
     let grpc = GrpcEndpoint {
         addr: settings.grpc_addr,
         unix_socket: settings.grpc_unix_socket.clone(),
-        tls: ServerTls::load(&settings.grpc_tls)?,
+        tls: ServerTls::load("grpc_tls", &settings.grpc_tls, Protocols::Grpc)?,
     };
-    let admin = match (settings.admin_addr, settings.admin_token.clone()) {
-        (None, _) => None,
-        (Some(addr), Some(token)) if !token.expose().is_empty() => Some((addr, token)),
-        (Some(_), _) => anyhow::bail!("admin_addr needs admin_token: the admin API is never open"),
-    };
+    let admin = admin_endpoint(&settings)?;
     let endpoints = Endpoints {
         grpc,
         http: settings.http_addr,
@@ -431,6 +427,22 @@ async fn serve(settings: Settings) -> anyhow::Result<()> {
 }
 
 /// The Redis TLS files the settings name, read; `None` when they name none.
+/// The admin API the settings ask for, never open: a token, mutual TLS, or both required.
+fn admin_endpoint(settings: &Settings) -> anyhow::Result<Option<AdminEndpoint>> {
+    let Some(addr) = settings.admin_addr else {
+        return Ok(None);
+    };
+    let token = (settings.admin_token.clone()).filter(|token| !token.expose().is_empty());
+    let tls = ServerTls::load("admin_tls", &settings.admin_tls, Protocols::Http)?;
+    if token.is_none() && settings.admin_tls.client_ca_file.is_none() {
+        anyhow::bail!(
+            "admin_addr needs admin_token, admin_tls.client_ca_file (mutual TLS), or both: \
+             the admin API is never open"
+        );
+    }
+    Ok(Some(AdminEndpoint { addr, token, tls }))
+}
+
 fn redis_tls(settings: &Settings) -> anyhow::Result<Option<RedisTls>> {
     let read = |path: &Option<PathBuf>| -> anyhow::Result<Option<Vec<u8>>> {
         (path.as_ref())

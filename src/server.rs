@@ -20,7 +20,7 @@ use std::time::Duration;
 use anyhow::Context as _;
 use axum::Router;
 use axum::response::IntoResponse;
-use futures_util::Stream;
+use futures_util::{Stream, StreamExt};
 use hyper::body::Incoming;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
@@ -49,6 +49,15 @@ pub struct GrpcEndpoint {
     pub tls: Option<Arc<ServerTls>>,
 }
 
+/// Where and how the admin API listens, and what it requires of a client.
+pub struct AdminEndpoint {
+    pub addr: SocketAddr,
+    /// The bearer token every request must carry; `None` where mutual TLS stands in for it.
+    pub token: Option<Password>,
+    /// Serve over TLS only (mutual TLS when it names a client CA).
+    pub tls: Option<Arc<ServerTls>>,
+}
+
 /// Where a listener is bound.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum BoundAddr {
@@ -71,8 +80,8 @@ pub struct Endpoints {
     pub http: SocketAddr,
     /// `/metrics` alone, besides the HTTP port (envoyproxy/ratelimit's Prometheus port).
     pub metrics: Option<SocketAddr>,
-    /// The admin API's address and the token it requires.
-    pub admin: Option<(SocketAddr, Password)>,
+    /// The admin API.
+    pub admin: Option<AdminEndpoint>,
 }
 
 /// A server that is accepting requests.
@@ -142,11 +151,11 @@ pub async fn start(
         .map(TcpListener::local_addr)
         .transpose()?;
     let admin = match admin {
-        Some((addr, token)) => {
-            let listener = TcpListener::bind(addr)
+        Some(endpoint) => {
+            let listener = TcpListener::bind(endpoint.addr)
                 .await
-                .with_context(|| format!("binding the admin address {addr}"))?;
-            Some((listener, token))
+                .with_context(|| format!("binding the admin address {}", endpoint.addr))?;
+            Some((listener, endpoint))
         }
         None => None,
     };
@@ -171,14 +180,11 @@ pub async fn start(
         idle: millis(limits.idle_timeout_ms),
     };
     let keepalive = millis(limits.keepalive_interval_ms);
-    let acceptor = Acceptor::new("grpc", grpc_listener, timeouts);
-    let incoming: GrpcIncoming = match grpc.tls {
-        Some(tls) => {
-            tls.spawn_reloader();
-            Box::pin(tls.incoming(acceptor, timeouts.handshake))
-        }
-        None => Box::pin(acceptor),
-    };
+    let incoming = incoming(
+        Acceptor::new("grpc", grpc_listener, timeouts),
+        grpc.tls,
+        timeouts.handshake,
+    );
     let mut builder = tonic::transport::Server::builder();
     if limits.max_connection_age_ms > 0 {
         builder = builder.max_connection_age(millis(limits.max_connection_age_ms));
@@ -213,22 +219,26 @@ pub async fn start(
     };
     let metrics = metrics_listener.map(|listener| {
         serve_http(
-            Acceptor::new("metrics", listener, timeouts),
+            Box::pin(Acceptor::new("metrics", listener, timeouts)),
             http::metrics_router(state.clone()),
             limits,
             wait_for_stop(stopped.clone()),
         )
     });
-    let admin = admin.map(|(listener, token)| {
+    let admin = admin.map(|(listener, endpoint)| {
         serve_http(
-            Acceptor::new("admin", listener, timeouts),
-            crate::admin::router(state.limiter.clone(), token),
+            self::incoming(
+                Acceptor::new("admin", listener, timeouts),
+                endpoint.tls,
+                timeouts.handshake,
+            ),
+            crate::admin::router(state.limiter.clone(), endpoint.token),
             limits,
             wait_for_stop(stopped.clone()),
         )
     });
     let http = serve_http(
-        Acceptor::new("http", http_listener, timeouts),
+        Box::pin(Acceptor::new("http", http_listener, timeouts)),
         http::router(state),
         limits,
         wait_for_stop(stopped),
@@ -262,17 +272,29 @@ pub async fn start(
     })
 }
 
-/// The gRPC server's connections: plain, or after their TLS handshake.
-type GrpcIncoming = Pin<Box<dyn Stream<Item = std::io::Result<Connection>> + Send>>;
+/// A listener's connections: plain, or after their TLS handshake.
+type Connections = Pin<Box<dyn Stream<Item = std::io::Result<Connection>> + Send>>;
+
+/// The connections `acceptor` accepts, after a TLS handshake within `handshake` where `tls`
+/// is set (whose files are then watched for rotation).
+fn incoming(acceptor: Acceptor, tls: Option<Arc<ServerTls>>, handshake: Duration) -> Connections {
+    match tls {
+        Some(tls) => {
+            tls.spawn_reloader();
+            Box::pin(tls.incoming(acceptor, handshake))
+        }
+        None => Box::pin(acceptor),
+    }
+}
 
 fn millis(ms: u64) -> Duration {
     Duration::from_millis(ms)
 }
 
-/// Serves HTTP/1 and HTTP/2 on `acceptor` until `stopped`, then closes the listener and lets
+/// Serves HTTP/1 and HTTP/2 on `incoming` until `stopped`, then closes the listener and lets
 /// open connections finish their requests.
 async fn serve_http(
-    mut acceptor: Acceptor,
+    mut incoming: Connections,
     router: Router,
     limits: ConnectionLimits,
     stopped: impl Future<Output = ()>,
@@ -294,7 +316,14 @@ async fn serve_http(
     let mut stopped = pin!(stopped);
     loop {
         let io = tokio::select! {
-            io = acceptor.accept() => io,
+            io = incoming.next() => match io {
+                Some(Ok(io)) => io,
+                Some(Err(error)) => {
+                    tracing::debug!("accepting an HTTP connection: {error}");
+                    continue;
+                }
+                None => break,
+            },
             () = &mut stopped => break,
         };
         let router = router.clone();
@@ -325,7 +354,7 @@ async fn serve_http(
             }
         });
     }
-    drop(acceptor);
+    drop(incoming);
     graceful.shutdown().await;
 }
 

@@ -177,11 +177,11 @@ impl Default for ConnectionLimits {
     }
 }
 
-/// TLS on the gRPC port.
+/// TLS on a listener (the gRPC port's `grpc_tls`, the admin API's `admin_tls`).
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 #[serde(default, deny_unknown_fields)]
-pub struct GrpcTls {
-    /// PEM certificate chain and private key: with both set, gRPC is served over TLS only.
+pub struct ListenerTls {
+    /// PEM certificate chain and private key: with both set, the listener serves TLS only.
     pub cert_file: Option<PathBuf>,
     pub key_file: Option<PathBuf>,
     /// PEM CA certificates: set, clients must present a certificate that chains to one
@@ -191,9 +191,9 @@ pub struct GrpcTls {
     pub reload_interval_ms: u64,
 }
 
-impl Default for GrpcTls {
+impl Default for ListenerTls {
     fn default() -> Self {
-        GrpcTls {
+        ListenerTls {
             cert_file: None,
             key_file: None,
             client_ca_file: None,
@@ -209,16 +209,19 @@ pub struct Settings {
     pub grpc_addr: SocketAddr,
     /// A Unix socket to serve gRPC on instead of `grpc_addr` (a sidecar's Envoy, say).
     pub grpc_unix_socket: Option<PathBuf>,
-    pub grpc_tls: GrpcTls,
+    pub grpc_tls: ListenerTls,
     pub http_addr: SocketAddr,
     /// Also serve `/metrics` alone on this address (envoyproxy/ratelimit's
     /// `PROMETHEUS_ADDR`); the HTTP port serves it anyway.
     pub metrics_addr: Option<SocketAddr>,
     /// The admin API (read and reset counters) on this address; off when unset.
     pub admin_addr: Option<SocketAddr>,
-    /// The bearer token every admin request must carry; required with `admin_addr`. Taken
-    /// as written from `FLOODGATE_ADMIN_TOKEN`; never printed.
+    /// The bearer token every admin request must carry. Taken as written from
+    /// `FLOODGATE_ADMIN_TOKEN`; never printed.
     pub admin_token: Option<Password>,
+    /// TLS on the admin API; with `client_ca_file`, mutual TLS, which may stand in for the
+    /// token. `admin_addr` needs the token, mutual TLS, or both (then both are required).
+    pub admin_tls: ListenerTls,
     /// Where the rules come from: the `rules` directory, or an xDS server (`xds`).
     pub rules_source: RulesSource,
     /// Directory of rule files.
@@ -321,11 +324,12 @@ impl Default for Settings {
         Settings {
             grpc_addr: SocketAddr::from(([127, 0, 0, 1], 8081)),
             grpc_unix_socket: None,
-            grpc_tls: GrpcTls::default(),
+            grpc_tls: ListenerTls::default(),
             http_addr: SocketAddr::from(([127, 0, 0, 1], 8080)),
             metrics_addr: None,
             admin_addr: None,
             admin_token: None,
+            admin_tls: ListenerTls::default(),
             rules_source: RulesSource::Files,
             rules: PathBuf::from("examples/rules"),
             rules_reload_interval_ms: 1000,

@@ -1,5 +1,6 @@
-//! TLS on the gRPC port (rustls): the server's certificate and, with a client CA, mutual
-//! TLS: a client without a certificate that chains to the CA is refused in the handshake.
+//! TLS on a listener (rustls): the gRPC port (`grpc_tls`) and the admin API (`admin_tls`).
+//! A server certificate and, with a client CA, mutual TLS: a client without a certificate
+//! that chains to the CA is refused in the handshake.
 //!
 //! **Rotation.** The files are read again every `reload_interval_ms`; a change that loads
 //! becomes the configuration of every new connection (cert-manager and Envoy Gateway renew
@@ -7,7 +8,7 @@
 //! stays. Open connections keep the certificate they were made with.
 //!
 //! **Handshakes do not hold up accepting.** Each runs on its own beside the others, bounded
-//! by the handshake timeout, and only finished ones reach the gRPC server.
+//! by the handshake timeout, and only finished ones reach the server.
 
 use std::io;
 use std::path::Path;
@@ -26,23 +27,50 @@ use tokio_rustls::rustls::server::WebPkiClientVerifier;
 use tokio_rustls::rustls::{RootCertStore, ServerConfig};
 
 use crate::listener::Acceptor;
-use crate::settings::GrpcTls;
+use crate::settings::ListenerTls;
 use crate::socket::Connection;
 
-/// A TLS setting that cannot be served.
+/// A TLS setting that cannot be served, named by its settings section.
 #[derive(Debug, thiserror::Error)]
-pub enum TlsError {
-    #[error("grpc_tls: {0}")]
+#[error("{section}: {problem}")]
+pub struct TlsError {
+    section: &'static str,
+    problem: Problem,
+}
+
+#[derive(Debug, thiserror::Error)]
+enum Problem {
+    #[error("{0}")]
     Settings(&'static str),
-    #[error("grpc_tls: reading {path}: {error}")]
+    #[error("reading {path}: {error}")]
     Read { path: String, error: io::Error },
-    #[error("grpc_tls: {path}: {message}")]
+    #[error("{path}: {message}")]
     Invalid { path: String, message: String },
 }
 
-/// The gRPC port's TLS configuration, as last loaded from its files.
+/// The application protocols a listener offers in the handshake (ALPN).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Protocols {
+    /// gRPC: HTTP/2 only.
+    Grpc,
+    /// HTTP/2 (the admin API's gRPC form) and HTTP/1.1 (`curl`).
+    Http,
+}
+
+impl Protocols {
+    fn alpn(self) -> Vec<Vec<u8>> {
+        match self {
+            Protocols::Grpc => vec![b"h2".to_vec()],
+            Protocols::Http => vec![b"h2".to_vec(), b"http/1.1".to_vec()],
+        }
+    }
+}
+
+/// A listener's TLS configuration, as last loaded from its files.
 pub struct ServerTls {
-    settings: GrpcTls,
+    section: &'static str,
+    protocols: Protocols,
+    settings: ListenerTls,
     current: ArcSwap<ServerConfig>,
     /// The files' contents the configuration in force was built from.
     loaded: Mutex<Files>,
@@ -57,20 +85,27 @@ struct Files {
 }
 
 impl ServerTls {
-    /// The configuration `settings` describe; `None` when they set no certificate (plain
-    /// gRPC).
-    pub fn load(settings: &GrpcTls) -> Result<Option<Arc<ServerTls>>, TlsError> {
+    /// The configuration `settings` (the section `section`) describe, offering
+    /// `protocols`; `None` when they set no certificate (plain text).
+    pub fn load(
+        section: &'static str,
+        settings: &ListenerTls,
+        protocols: Protocols,
+    ) -> Result<Option<Arc<ServerTls>>, TlsError> {
+        let error = |problem| TlsError { section, problem };
         if settings.cert_file.is_none() && settings.key_file.is_none() {
             if settings.client_ca_file.is_some() {
-                return Err(TlsError::Settings(
+                return Err(error(Problem::Settings(
                     "client_ca_file needs cert_file and key_file",
-                ));
+                )));
             }
             return Ok(None);
         }
-        let files = Files::read(settings)?;
-        let config = files.server_config(settings)?;
+        let files = Files::read(settings).map_err(error)?;
+        let config = files.server_config(settings, protocols).map_err(error)?;
         Ok(Some(Arc::new(ServerTls {
+            section,
+            protocols,
             settings: settings.clone(),
             current: ArcSwap::from_pointee(config),
             loaded: Mutex::new(files),
@@ -80,12 +115,16 @@ impl ServerTls {
     /// Reads the files again and puts a changed configuration in force; whether it did.
     /// A change that does not load is an error, and the configuration in force stays.
     pub fn reload(&self) -> Result<bool, TlsError> {
-        let files = Files::read(&self.settings)?;
+        let error = |problem| TlsError {
+            section: self.section,
+            problem,
+        };
+        let files = Files::read(&self.settings).map_err(error)?;
         let mut loaded = self.loaded.lock().unwrap_or_else(PoisonError::into_inner);
         if *loaded == files {
             return Ok(false);
         }
-        let config = files.server_config(&self.settings)?;
+        let config = (files.server_config(&self.settings, self.protocols)).map_err(error)?;
         self.current.store(Arc::new(config));
         *loaded = files;
         Ok(true)
@@ -104,11 +143,11 @@ impl ServerTls {
             loop {
                 ticks.tick().await;
                 match tls.reload() {
-                    Ok(true) => tracing::info!("gRPC TLS certificate reloaded"),
+                    Ok(true) => tracing::info!("{}: certificate reloaded", tls.section),
                     Ok(false) => {}
                     Err(error) => tracing::error!(
-                        "gRPC TLS files changed but do not load, the certificate in force \
-                         stays: {error}"
+                        "TLS files changed but do not load, the certificate in force stays: \
+                         {error}"
                     ),
                 }
             }
@@ -127,9 +166,9 @@ impl ServerTls {
 }
 
 impl Files {
-    fn read(settings: &GrpcTls) -> Result<Files, TlsError> {
+    fn read(settings: &ListenerTls) -> Result<Files, Problem> {
         let (Some(cert), Some(key)) = (&settings.cert_file, &settings.key_file) else {
-            return Err(TlsError::Settings("cert_file and key_file go together"));
+            return Err(Problem::Settings("cert_file and key_file go together"));
         };
         Ok(Files {
             cert: read(cert)?,
@@ -138,8 +177,12 @@ impl Files {
         })
     }
 
-    fn server_config(&self, settings: &GrpcTls) -> Result<ServerConfig, TlsError> {
-        let invalid = |path: &Option<std::path::PathBuf>, message: String| TlsError::Invalid {
+    fn server_config(
+        &self,
+        settings: &ListenerTls,
+        protocols: Protocols,
+    ) -> Result<ServerConfig, Problem> {
+        let invalid = |path: &Option<std::path::PathBuf>, message: String| Problem::Invalid {
             path: path.as_deref().map(display).unwrap_or_default(),
             message,
         };
@@ -172,13 +215,13 @@ impl Files {
         let mut config = builder
             .with_single_cert(chain, key)
             .map_err(|e| invalid(&settings.key_file, e.to_string()))?;
-        config.alpn_protocols = vec![b"h2".to_vec()];
+        config.alpn_protocols = protocols.alpn();
         Ok(config)
     }
 }
 
-fn read(path: &Path) -> Result<Vec<u8>, TlsError> {
-    std::fs::read(path).map_err(|error| TlsError::Read {
+fn read(path: &Path) -> Result<Vec<u8>, Problem> {
+    std::fs::read(path).map_err(|error| Problem::Read {
         path: display(path),
         error,
     })

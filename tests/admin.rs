@@ -1,9 +1,13 @@
 //! The admin API against the real binary: reading a descriptor's counters without counting,
 //! resetting them (on memory, and on a real Redis, where the replica's over-limit cache must
-//! forget them too), and refusing every request without the token.
+//! forget them too), refusing every request without the token, and mutual TLS standing in
+//! for the token or beside it.
 
 mod harness;
 mod redis_harness;
+
+// The certificate generator, as the Redis harness includes it.
+use redis_harness::tls::{Certificates, Pair};
 
 use harness::{Floodgate, OK, OVER_LIMIT, descriptor, http_with, request};
 use redis_harness::RedisServer;
@@ -123,7 +127,10 @@ fn the_admin_api_is_off_by_default_and_never_open() {
         &harness::SERVE_ANYWHERE,
         &[("FLOODGATE_ADMIN_ADDR", "127.0.0.1:0")],
     );
-    assert!(stderr.contains("admin_token"), "{stderr}");
+    assert!(
+        stderr.contains("admin_token") && stderr.contains("admin_tls.client_ca_file"),
+        "{stderr}"
+    );
 }
 
 #[tokio::test]
@@ -210,4 +217,126 @@ async fn the_grpc_form_reads_and_resets_behind_the_same_token() {
     let mut stranger = CounterAdminClient::with_interceptor(channel, with_token("wrong"));
     let refused = stranger.get_counters(carol()).await.expect_err("refused");
     assert_eq!(refused.code(), tonic::Code::Unauthenticated);
+}
+
+/// A floodgate whose admin API is on mutual TLS with `certificates`, and needs `token` too
+/// where one is given.
+fn start_mutual_tls(certificates: &Certificates, token: Option<&str>) -> Floodgate {
+    let [cert, key, ca] = certificates.mutual_server_files();
+    let mut env = vec![
+        ("FLOODGATE_ADMIN_ADDR", "127.0.0.1:0"),
+        ("FLOODGATE_ADMIN_TLS__CERT_FILE", cert.as_str()),
+        ("FLOODGATE_ADMIN_TLS__KEY_FILE", key.as_str()),
+        ("FLOODGATE_ADMIN_TLS__CLIENT_CA_FILE", ca.as_str()),
+    ];
+    if let Some(token) = token {
+        env.push(("FLOODGATE_ADMIN_TOKEN", token));
+    }
+    Floodgate::start_with_env(&[("admin.yaml", RULES)], &[], &env)
+}
+
+/// `floodgate counters get` for dave over TLS, trusting the test CA, presenting `client`
+/// and `token` where given: whether it succeeded, and what it printed.
+fn counters_over_tls(
+    server: &Floodgate,
+    certificates: &Certificates,
+    client: Option<Pair>,
+    token: Option<&str>,
+) -> (bool, String) {
+    let addr = server.admin_addr.expect("the admin API").to_string();
+    let mut command = harness::command();
+    command
+        .args(["counters", "get", "--addr", &addr, "--domain", "admin"])
+        .args(["--descriptor", "user=dave", "--ca-file"])
+        .arg(certificates.ca())
+        .env_remove("FLOODGATE_ADMIN_TOKEN");
+    if let Some(client) = client {
+        command.arg("--cert-file").arg(&client.cert);
+        command.arg("--key-file").arg(&client.key);
+    }
+    if let Some(token) = token {
+        command.args(["--token", token]);
+    }
+    let output = command.output().expect("floodgate runs");
+    let printed = String::from_utf8_lossy(&output.stdout).into_owned()
+        + &String::from_utf8_lossy(&output.stderr);
+    (output.status.success(), printed)
+}
+
+#[tokio::test]
+async fn mutual_tls_stands_in_for_the_token() {
+    let certificates = Certificates::generate();
+    let server = start_mutual_tls(&certificates, None);
+    let ask = request("admin", vec![descriptor(&[("user", "dave")])]);
+    assert_eq!(server.ask(ask).await.overall_code, OK);
+
+    let (ok, printed) =
+        counters_over_tls(&server, &certificates, Some(certificates.client()), None);
+    assert!(ok, "{printed}");
+    assert_eq!(
+        remaining(printed.lines().next().unwrap_or_default()),
+        [2, 9]
+    );
+
+    let (ok, printed) = counters_over_tls(&server, &certificates, None, None);
+    assert!(!ok, "a client without a certificate is refused: {printed}");
+    let (ok, printed) =
+        counters_over_tls(&server, &certificates, Some(certificates.stranger()), None);
+    assert!(!ok, "a certificate of another CA is refused: {printed}");
+    let plain = harness::command()
+        .args(["counters", "get", "--addr"])
+        .arg(server.admin_addr.expect("the admin API").to_string())
+        .args(["--domain", "admin", "--descriptor", "user=dave"])
+        .env_remove("FLOODGATE_ADMIN_TOKEN")
+        .output()
+        .expect("floodgate runs");
+    assert!(!plain.status.success(), "plain HTTP gets nothing");
+}
+
+#[tokio::test]
+async fn with_both_set_mutual_tls_and_the_token_are_both_required() {
+    let certificates = Certificates::generate();
+    let server = start_mutual_tls(&certificates, Some(TOKEN));
+    let client = || Some(certificates.client());
+    let (ok, printed) = counters_over_tls(&server, &certificates, client(), None);
+    assert!(!ok && printed.contains("401"), "no token: {printed}");
+    let (ok, printed) = counters_over_tls(&server, &certificates, None, Some(TOKEN));
+    assert!(!ok, "no certificate: {printed}");
+    let (ok, printed) = counters_over_tls(&server, &certificates, client(), Some(TOKEN));
+    assert!(ok, "{printed}");
+}
+
+#[tokio::test]
+async fn the_grpc_form_takes_a_client_certificate() {
+    use floodgate::proto::floodgate::admin::v1::counter_admin_client::CounterAdminClient;
+    use floodgate::proto::floodgate::admin::v1::{CounterRequest, Entry};
+    use tonic::transport::{Certificate, ClientTlsConfig, Endpoint, Identity};
+
+    let certificates = Certificates::generate();
+    let server = start_mutual_tls(&certificates, None);
+    let read = |path| std::fs::read(path).expect("a certificate file");
+    let client = certificates.client();
+    let tls = ClientTlsConfig::new()
+        .ca_certificate(Certificate::from_pem(read(certificates.ca())))
+        .domain_name("localhost")
+        .identity(Identity::from_pem(read(client.cert), read(client.key)));
+    let addr = format!("https://{}", server.admin_addr.expect("the admin API"));
+    let channel = (Endpoint::from_shared(addr).expect("an endpoint"))
+        .tls_config(tls)
+        .expect("TLS settings")
+        .connect()
+        .await
+        .expect("the admin port speaks HTTP/2 over TLS");
+    let answer = CounterAdminClient::new(channel)
+        .get_counters(CounterRequest {
+            domain: "admin".into(),
+            descriptor: vec![Entry {
+                key: "user".into(),
+                value: "erin".into(),
+            }],
+        })
+        .await
+        .expect("counters without a token")
+        .into_inner();
+    assert_eq!(answer.rule, "admin.user");
 }

@@ -9,7 +9,7 @@ mod harness;
 
 use std::net::{IpAddr, Ipv4Addr};
 
-use certs::{Certificates, text};
+use certs::Certificates;
 use envoy_support::{
     App, EXAMPLE_RULES, Envoy, OnFailure, Response, example_config, tls_to_floodgate,
     wait_for_a_fresh_minute,
@@ -52,12 +52,7 @@ impl Stack {
         present_certificate: bool,
     ) -> Stack {
         let app = App::start();
-        let server = certificates.server();
-        let (cert, key, ca) = (
-            text(&server.cert),
-            text(&server.key),
-            text(&certificates.ca()),
-        );
+        let [cert, key, ca] = certificates.mutual_server_files();
         let mut env = vec![
             ("FLOODGATE_GRPC_TLS__CERT_FILE", cert.as_str()),
             ("FLOODGATE_GRPC_TLS__KEY_FILE", key.as_str()),

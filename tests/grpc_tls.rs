@@ -149,7 +149,7 @@ async fn a_certificate_rotated_on_disk_is_served_without_a_restart() {
     let served = certificates.server();
     std::fs::copy(&renewed.key, &served.key).expect("the new key");
     std::fs::copy(&renewed.cert, &served.cert).expect("the new certificate");
-    server.wait_for_log("gRPC TLS certificate reloaded");
+    server.wait_for_log("grpc_tls: certificate reloaded");
     let second = served_subject(server.grpc_addr, &certificates);
     assert!(second.contains("127.0.0.1_2"), "still {second}");
     let mut client = tls_client(&server, &certificates, None)

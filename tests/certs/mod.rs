@@ -51,6 +51,13 @@ impl Certificates {
         self.pair("server")
     }
 
+    /// The server's certificate, its key and the CA, as settings take them: what a
+    /// listener serving mutual TLS is given.
+    pub fn mutual_server_files(&self) -> [String; 3] {
+        let server = self.server();
+        [text(&server.cert), text(&server.key), text(&self.ca())]
+    }
+
     /// A client certificate the CA signed, for mutual TLS.
     pub fn client(&self) -> Pair {
         self.pair("client")

@@ -8,7 +8,7 @@ mod certs;
 
 // Each test crate that includes the harness uses what it needs of these.
 #[allow(unused_imports)]
-pub use certs::{Certificates, text};
+pub use certs::{Certificates, Pair, text};
 
 /// What a TLS-only `redis-server` needs: its certificate, key, and the CA.
 #[derive(Debug, Clone)]
