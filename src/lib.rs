@@ -23,5 +23,6 @@ pub mod server;
 pub mod service;
 pub mod settings;
 pub mod socket;
+pub mod telemetry;
 pub mod tls;
 pub mod xds;

@@ -21,6 +21,7 @@ use floodgate::rules::{DEFAULT_RULES_MAX_BYTES, Origin, RuleFiles, RuleSet};
 use floodgate::server::{AdminEndpoint, Endpoints, GrpcEndpoint};
 use floodgate::service::{RateLimiter, ServiceOptions};
 use floodgate::settings::{BackendKind, HeaderStyle, LogFormat, Overrides, RulesSource, Settings};
+use floodgate::telemetry::Telemetry;
 use floodgate::tls::{Protocols, ServerTls};
 use floodgate::xds::Subscription;
 use floodgate::{bench, compat, counters_cli, query, server};
@@ -338,12 +339,19 @@ async fn serve(settings: Settings) -> anyhow::Result<()> {
     };
     let mut signals = ShutdownSignals::register()?;
     let hangups = Hangups::register().context("registering SIGHUP")?;
-    let limiter = Arc::new(RateLimiter::new(
-        rules,
-        backend,
-        memory,
-        ServiceOptions::from_settings(&settings),
-    ));
+    let telemetry = Telemetry::from_env()?;
+    if telemetry.is_some() {
+        tracing::info!("tracing decisions, exported over OTLP as the OTEL_* variables say");
+    }
+    let limiter = Arc::new(
+        RateLimiter::new(
+            rules,
+            backend,
+            memory,
+            ServiceOptions::from_settings(&settings),
+        )
+        .with_telemetry(telemetry),
+    );
     if settings.rules_source == RulesSource::Xds {
         let subscription = Subscription::new(
             settings.xds.clone(),
@@ -385,6 +393,7 @@ async fn serve(settings: Settings) -> anyhow::Result<()> {
         metrics: settings.metrics_addr,
         admin,
     };
+    let traced = limiter.clone();
     let mut running = server::start(limiter, endpoints, settings.connection_limits).await?;
     let reload_interval = (settings.rules_reload_interval_ms > 0)
         .then(|| Duration::from_millis(settings.rules_reload_interval_ms));
@@ -421,10 +430,17 @@ async fn serve(settings: Settings) -> anyhow::Result<()> {
         () = signals.received() => {}
     }
     tracing::info!("shutting down: health NOT_SERVING, finishing in-flight requests");
-    running
+    let stopped = running
         .shutdown(Duration::from_secs(settings.shutdown_grace))
-        .await
+        .await;
+    if let Some(telemetry) = traced.telemetry() {
+        telemetry.shutdown(TRACE_FLUSH_TIMEOUT).await;
+    }
+    stopped
 }
+
+/// How long the spans still queued at shutdown may take to export.
+const TRACE_FLUSH_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// The Redis TLS files the settings name, read; `None` when they name none.
 /// The admin API the settings ask for, never open: a token, mutual TLS, or both required.

@@ -210,6 +210,15 @@ impl Answers {
 }
 
 impl Backend {
+    /// Which store holds the counters, as traces name it.
+    pub fn kind(&self) -> &'static str {
+        match self.store {
+            Store::Memory(_) => "memory",
+            Store::Redis(_) => "redis",
+            Store::RedisCluster(_) => "redis-cluster",
+        }
+    }
+
     pub fn memory(memory: Arc<MemoryBackend>) -> Self {
         Backend {
             store: Store::Memory(memory),

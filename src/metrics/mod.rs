@@ -384,7 +384,7 @@ impl Code {
         Code::Unavailable,
     ];
 
-    fn name(self) -> &'static str {
+    pub fn name(self) -> &'static str {
         match self {
             Code::Ok => "OK",
             Code::OverLimit => "OVER_LIMIT",

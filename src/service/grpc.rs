@@ -26,15 +26,30 @@ impl RateLimitService for GrpcService {
     ) -> Result<Response<RateLimitResponse>, Status> {
         let started = Instant::now();
         let deadline = answer_by(&request, started);
+        let span = (self.0.telemetry()).map(|telemetry| {
+            let asked = request.get_ref();
+            telemetry.decision(
+                SHOULD_RATE_LIMIT,
+                request.metadata().as_ref(),
+                &asked.domain,
+                asked.descriptors.len(),
+            )
+        });
         let result = self
             .0
-            .should_rate_limit_by(request.get_ref(), deadline)
+            .should_rate_limit_by(request.get_ref(), deadline, span.as_ref())
             .await;
-        (self.0.metrics().requests(Endpoint::GrpcShouldRateLimit))
-            .record(code(&result), started.elapsed());
+        let code = code(&result);
+        (self.0.metrics().requests(Endpoint::GrpcShouldRateLimit)).record(code, started.elapsed());
+        if let Some(span) = span {
+            span.finish(code);
+        }
         result.map(Response::new).map_err(Status::from)
     }
 }
+
+/// The decision span's name: the RPC, as OpenTelemetry's conventions name server spans.
+const SHOULD_RATE_LIMIT: &str = "envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit";
 
 /// How a decision is answered, for the request counts of `/metrics`.
 pub(crate) fn code(result: &Result<RateLimitResponse, DecideError>) -> Code {

@@ -27,6 +27,7 @@ use crate::proto::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
 use crate::proto::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
 use crate::rules::{Domain, OnBackendError, Policy, Rule, RuleSet};
 use crate::settings::{HeaderStyle, RequestLimits, Settings};
+use crate::telemetry::{DecisionSpan, Telemetry};
 
 pub use request::InvalidRequest;
 
@@ -88,6 +89,8 @@ pub struct RateLimiter {
     local: Arc<MemoryBackend>,
     options: ServiceOptions,
     metrics: Metrics,
+    /// Traces, when the `OTEL_*` variables turn them on.
+    telemetry: Option<Telemetry>,
 }
 
 /// What one descriptor of a request resolved to.
@@ -133,7 +136,18 @@ impl RateLimiter {
             local,
             options,
             metrics,
+            telemetry: None,
         }
+    }
+
+    /// The limiter, tracing its decisions with `telemetry`.
+    pub fn with_telemetry(self, telemetry: Option<Telemetry>) -> Self {
+        RateLimiter { telemetry, ..self }
+    }
+
+    /// Traces, when they are on.
+    pub fn telemetry(&self) -> Option<&Telemetry> {
+        self.telemetry.as_ref()
     }
 
     /// What the service counts, for `GET /metrics`.
@@ -170,16 +184,18 @@ impl RateLimiter {
         &self,
         request: &RateLimitRequest,
     ) -> Result<RateLimitResponse, DecideError> {
-        self.should_rate_limit_by(request, None).await
+        self.should_rate_limit_by(request, None, None).await
     }
 
     /// Decides one request whose caller waits for the answer until `deadline` (gRPC's
     /// `grpc-timeout`): a backend that cannot answer by then leaves the request to its rules'
-    /// `on_backend_error` in time for the answer to arrive.
+    /// `on_backend_error` in time for the answer to arrive. The backend call is traced as a
+    /// child of `span`.
     pub async fn should_rate_limit_by(
         &self,
         request: &RateLimitRequest,
         deadline: Option<Instant>,
+        span: Option<&DecisionSpan>,
     ) -> Result<RateLimitResponse, DecideError> {
         request::check(request, &self.options.request_limits)?;
         let rules = self.rules.load();
@@ -225,9 +241,14 @@ impl RateLimiter {
                 }
             }
         }
+        let traced = (span.filter(|_| !hits.is_empty()))
+            .map(|span| span.backend_call(self.backend.kind(), hits.len()));
         let mut answers = (self.backend)
             .hit_all(&hits, self.options.on_reject, deadline)
             .await;
+        if let Some(traced) = traced {
+            traced.finish(&answers.results);
+        }
         let results = std::mem::take(&mut answers.results);
         // Where each decision came from, for the statistics. A failed hit answered by the
         // rule's policy was decided by no counter, unless the policy is `local`, which counts.
