@@ -27,6 +27,9 @@ pub struct Translated {
     pub log_level: String,
     /// Variables set that floodgate does not honour, each with why.
     pub ignored: Vec<String>,
+    /// The standard `OTEL_*` variables upstream's `TRACING_*` ones mean, for those the
+    /// environment does not set itself (the tracer reads only the process environment).
+    pub otel: Vec<(String, String)>,
 }
 
 /// Reads upstream's variables from `env`.
@@ -40,6 +43,7 @@ pub fn translate(env: &HashMap<String, String>) -> Result<Translated, CompatErro
     out.backend()?;
     out.behaviour()?;
     out.observability()?;
+    out.tracing()?;
     Ok(out.translated)
 }
 
@@ -303,8 +307,64 @@ impl<'a> Translator<'a> {
         }
         self.ignore("USE_STATSD", "statsd is not offered: scrape /metrics");
         self.ignore("USE_DOG_STATSD", "statsd is not offered: scrape /metrics");
-        self.ignore("TRACING_ENABLED", "tracing is not offered yet");
         Ok(())
+    }
+
+    /// Upstream's OTLP tracing: on with `TRACING_ENABLED`, over `TRACING_EXPORTER_PROTOCOL`
+    /// (`http`, the default, or `grpc`) to the standard `OTEL_EXPORTER_OTLP_*` endpoint,
+    /// named `TRACING_SERVICE_NAME` (default `RateLimit`), sampling
+    /// `TRACING_SAMPLING_RATE` of the traces that start here (the caller's sampled flag is
+    /// followed).
+    fn tracing(&mut self) -> Result<(), CompatError> {
+        if !self.flag("TRACING_ENABLED")? {
+            return Ok(());
+        }
+        self.otel("OTEL_TRACES_EXPORTER", "otlp");
+        let protocol = match self.or("TRACING_EXPORTER_PROTOCOL", "http") {
+            "http" => "http/protobuf",
+            "grpc" => "grpc",
+            other => {
+                return Err(CompatError(format!(
+                    "TRACING_EXPORTER_PROTOCOL={other:?}: http or grpc"
+                )));
+            }
+        };
+        self.otel("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", protocol);
+        self.otel(
+            "OTEL_SERVICE_NAME",
+            self.or("TRACING_SERVICE_NAME", "RateLimit"),
+        );
+        let resource: Vec<String> = [
+            ("service.namespace", "TRACING_SERVICE_NAMESPACE"),
+            ("service.instance.id", "TRACING_SERVICE_INSTANCE_ID"),
+        ]
+        .into_iter()
+        .filter_map(|(key, name)| Some(format!("{key}={}", self.get(name)?)))
+        .collect();
+        if !resource.is_empty() {
+            self.otel("OTEL_RESOURCE_ATTRIBUTES", &resource.join(","));
+        }
+        let rate = self.or("TRACING_SAMPLING_RATE", "1");
+        match rate.parse::<f64>() {
+            Ok(rate) if (0.0..1.0).contains(&rate) => {
+                self.otel("OTEL_TRACES_SAMPLER", "parentbased_traceidratio");
+                self.otel("OTEL_TRACES_SAMPLER_ARG", &rate.to_string());
+            }
+            Ok(rate) if rate >= 1.0 => {}
+            _ => {
+                return Err(CompatError(format!(
+                    "TRACING_SAMPLING_RATE={rate:?} is not a rate from 0 to 1"
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    /// The `OTEL_*` variable `name` = `value`, unless the environment sets it.
+    fn otel(&mut self, name: &str, value: &str) {
+        if self.get(name).is_none() {
+            (self.translated.otel).push((name.to_owned(), value.to_owned()));
+        }
     }
 }
 
@@ -375,6 +435,40 @@ mod tests {
         (translated.env.iter())
             .find(|(key, _)| key == name)
             .map(|(_, value)| value.as_str())
+    }
+
+    #[test]
+    fn upstreams_tracing_becomes_the_standard_variables_under_the_real_ones() {
+        let off = translate(&env(&[("OTEL_EXPORTER_OTLP_ENDPOINT", "http://c:4318")]));
+        assert_eq!(off.expect("translates").otel, []);
+        let translated = translate(&env(&[
+            ("TRACING_ENABLED", "true"),
+            ("TRACING_SERVICE_NAMESPACE", "gateway"),
+            ("TRACING_SAMPLING_RATE", "0.25"),
+            ("OTEL_SERVICE_NAME", "mine"),
+        ]))
+        .expect("translates");
+        let otel: Vec<(&str, &str)> = (translated.otel.iter())
+            .map(|(name, value)| (name.as_str(), value.as_str()))
+            .collect();
+        assert_eq!(
+            otel,
+            [
+                ("OTEL_TRACES_EXPORTER", "otlp"),
+                ("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "http/protobuf"),
+                ("OTEL_RESOURCE_ATTRIBUTES", "service.namespace=gateway"),
+                ("OTEL_TRACES_SAMPLER", "parentbased_traceidratio"),
+                ("OTEL_TRACES_SAMPLER_ARG", "0.25"),
+            ]
+        );
+        for (name, value) in [
+            ("TRACING_EXPORTER_PROTOCOL", "zipkin"),
+            ("TRACING_SAMPLING_RATE", "2x"),
+            ("TRACING_SAMPLING_RATE", "-1"),
+        ] {
+            let refused = translate(&env(&[("TRACING_ENABLED", "1"), (name, value)]));
+            assert!(refused.unwrap_err().0.contains(name), "{name}={value}");
+        }
     }
 
     #[test]

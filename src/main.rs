@@ -215,6 +215,11 @@ fn serve_upstream_environment() -> anyhow::Result<()> {
     for ignored in &translated.ignored {
         tracing::warn!("envoyproxy/ratelimit setting not honoured: {ignored}");
     }
+    for (name, value) in &translated.otel {
+        // SAFETY: no other thread runs yet (the runtime starts below), so nothing reads the
+        // environment while it changes.
+        unsafe { std::env::set_var(name, value) };
+    }
     runtime()?.block_on(serve(settings))
 }
 

@@ -5,6 +5,7 @@
 //! gRPC over TLS.
 
 mod harness;
+mod otlp_support;
 mod redis_harness;
 mod xds_support;
 
@@ -99,6 +100,8 @@ async fn started_as_ratelimit_it_serves_upstreams_file_environment() {
     std::fs::write(rules.join("compat.yaml"), RULES).expect("a rule file");
     let root = dir.path().join("runtime").display().to_string();
     let redis_url = format!("127.0.0.1:{}", redis.port());
+    let collector = otlp_support::Collector::start().await;
+    let traces_to = format!("http://{}", collector.grpc_addr);
     let upstream = Upstream::start(
         dir.path(),
         &[
@@ -114,6 +117,11 @@ async fn started_as_ratelimit_it_serves_upstreams_file_environment() {
             ("PROMETHEUS_ADDR", "127.0.0.1:0"),
             ("USE_STATSD", "true"),
             ("LOG_LEVEL", "info"),
+            ("TRACING_ENABLED", "true"),
+            ("TRACING_EXPORTER_PROTOCOL", "grpc"),
+            ("TRACING_SERVICE_NAME", "ratelimit-compat"),
+            ("OTEL_EXPORTER_OTLP_ENDPOINT", &traces_to),
+            ("OTEL_BSP_SCHEDULE_DELAY", "50"),
         ],
     );
     let mut client = RateLimitServiceClient::connect(format!("http://{}", upstream.grpc))
@@ -138,6 +146,15 @@ async fn started_as_ratelimit_it_serves_upstreams_file_environment() {
     assert_eq!(harness::http(metrics, "GET", "/rlconfig", "").0, 404);
     let log = upstream.stderr();
     assert!(log.contains("not honoured: USE_STATSD"), "{log}");
+    // TRACING_* become the standard OTLP settings: spans under upstream's service name.
+    let traced = collector
+        .wait_for(|spans| {
+            (spans.iter())
+                .find(|span| span.attribute("floodgate.backend").as_deref() == Some("redis"))
+                .cloned()
+        })
+        .await;
+    assert_eq!(traced.service, "ratelimit-compat");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

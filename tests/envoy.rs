@@ -6,13 +6,14 @@
 mod certs;
 mod envoy_support;
 mod harness;
+mod otlp_support;
 
 use std::net::{IpAddr, Ipv4Addr};
 
 use certs::Certificates;
 use envoy_support::{
-    App, EXAMPLE_RULES, Envoy, OnFailure, Response, example_config, tls_to_floodgate,
-    wait_for_a_fresh_minute,
+    App, EXAMPLE_RULES, Envoy, OnFailure, Response, Tracer, example_config, tls_to_floodgate,
+    traced, wait_for_a_fresh_minute,
 };
 use harness::{Floodgate, OVER_LIMIT, costing, request};
 
@@ -439,4 +440,106 @@ async fn one_long_llm_response_spends_the_token_budget_and_the_next_request_gets
         "/llm/chat",
         &[("x-tenant", "other"), ("x-bill-tokens", "5")],
     ));
+}
+
+/// floodgate exporting its spans to `collector` over OTLP/gRPC, behind an Envoy tracing with
+/// `tracer`.
+fn start_traced(collector: &otlp_support::Collector, tracer: Tracer) -> Stack {
+    let app = App::start();
+    let endpoint = format!("http://{}", collector.grpc_addr);
+    let floodgate = Floodgate::start_with_env(
+        &[EXAMPLE_RULES],
+        &[],
+        &[
+            ("OTEL_EXPORTER_OTLP_ENDPOINT", endpoint.as_str()),
+            ("OTEL_EXPORTER_OTLP_PROTOCOL", "grpc"),
+            ("OTEL_BSP_SCHEDULE_DELAY", "50"),
+        ],
+    );
+    let envoy_collector = match tracer {
+        Tracer::OpenTelemetry => collector.grpc_addr,
+        Tracer::Zipkin => collector.http_addr,
+    };
+    let plain = example_config(floodgate.grpc_addr, app.addr, OnFailure::Allow);
+    let envoy = Envoy::start(&traced(&plain, tracer, envoy_collector));
+    Stack {
+        envoy,
+        floodgate,
+        _app: app,
+    }
+}
+
+/// floodgate's decision span in `trace`, once it arrived.
+async fn floodgate_decision(
+    collector: &otlp_support::Collector,
+    trace: &str,
+) -> otlp_support::Received {
+    collector
+        .wait_for(|spans| {
+            (spans.iter())
+                .find(|span| {
+                    span.service == "floodgate"
+                        && span.trace_id() == trace
+                        && span.span.name.ends_with("/ShouldRateLimit")
+                })
+                .cloned()
+        })
+        .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn floodgates_span_joins_the_trace_envoy_sent_with_traceparent() {
+    let collector = otlp_support::Collector::start().await;
+    let stack = start_traced(&collector, Tracer::OpenTelemetry);
+    let trace = "8f2d7a31c0b34e5a9d6e1f4b2c7a9e03";
+    let traceparent = format!("00-{trace}-1a2b3c4d5e6f7081-01");
+    let response = stack.get(
+        "/",
+        &[("x-user-id", "alice"), ("traceparent", &traceparent)],
+    );
+    assert_allowed(&response);
+
+    let decision = floodgate_decision(&collector, trace).await;
+    assert_eq!(
+        decision.attribute("ratelimit.domain").as_deref(),
+        Some("envoy_demo")
+    );
+    assert_eq!(
+        decision.attribute("ratelimit.outcome").as_deref(),
+        Some("OK")
+    );
+    // Its parent is the span of Envoy's rate-limit call, which Envoy exports too.
+    let parent = decision.parent_span_id();
+    let envoys = collector
+        .wait_for(|spans| {
+            (spans.iter())
+                .find(|span| span.service == "envoy" && span.span_id() == parent)
+                .cloned()
+        })
+        .await;
+    assert_eq!(envoys.trace_id(), trace);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn floodgates_span_joins_the_trace_envoy_sent_with_b3() {
+    let collector = otlp_support::Collector::start().await;
+    let stack = start_traced(&collector, Tracer::Zipkin);
+    let trace = "3e9a1c5b7d2f4a6c8e0b1d3f5a7c9e2b";
+    let b3 = [
+        ("x-user-id", "bob"),
+        ("x-b3-traceid", trace),
+        ("x-b3-spanid", "0123456789abcdef"),
+        ("x-b3-sampled", "1"),
+    ];
+    assert_allowed(&stack.get("/", &b3));
+    let decision = floodgate_decision(&collector, trace).await;
+    assert_eq!(
+        decision.attribute("ratelimit.outcome").as_deref(),
+        Some("OK")
+    );
+    let parent = decision.parent_span_id();
+    assert!(
+        !parent.is_empty() && parent != "0123456789abcdef",
+        "the parent is Envoy's span for its call, not the client's: {parent}"
+    );
 }

@@ -89,6 +89,76 @@ pub fn tls_to_floodgate(config: &str, ca: &Path, client: Option<(&Path, &Path)>)
     replace_once(config, cluster, &format!("{cluster}{socket}"))
 }
 
+/// Which tracer Envoy runs, and so which headers carry its trace to floodgate.
+#[derive(Clone, Copy, Debug)]
+pub enum Tracer {
+    /// `envoy.tracers.opentelemetry`: W3C `traceparent`; Envoy's spans go over OTLP/gRPC.
+    OpenTelemetry,
+    /// `envoy.tracers.zipkin`: B3 headers; Envoy's spans go to Zipkin's HTTP endpoint.
+    Zipkin,
+}
+
+/// `config` with Envoy tracing every request with `tracer`, sending its own spans to
+/// `collector` (an OTLP/gRPC receiver, or for Zipkin any HTTP server). Envoy puts the
+/// trace on its rate-limit call, so floodgate's span continues it. The snippet the README
+/// shows.
+pub fn traced(config: &str, tracer: Tracer, collector: SocketAddr) -> String {
+    let provider = match tracer {
+        Tracer::OpenTelemetry => {
+            "                  provider:
+                    name: envoy.tracers.opentelemetry
+                    typed_config:
+                      \"@type\": type.googleapis.com/envoy.config.trace.v3.OpenTelemetryConfig
+                      grpc_service:
+                        envoy_grpc: { cluster_name: trace_collector }
+                      service_name: envoy
+"
+        }
+        Tracer::Zipkin => {
+            "                  provider:
+                    name: envoy.tracers.zipkin
+                    typed_config:
+                      \"@type\": type.googleapis.com/envoy.config.trace.v3.ZipkinConfig
+                      collector_cluster: trace_collector
+                      collector_endpoint: /api/v2/spans
+                      collector_endpoint_version: HTTP_JSON
+"
+        }
+    };
+    let http2 = match tracer {
+        Tracer::OpenTelemetry => {
+            "      typed_extension_protocol_options:
+        envoy.extensions.upstreams.http.v3.HttpProtocolOptions:
+          \"@type\": type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions
+          explicit_http_config:
+            http2_protocol_options: {}
+"
+        }
+        Tracer::Zipkin => "",
+    };
+    let manager = "                stat_prefix: ingress\n";
+    let config = replace_once(
+        config,
+        manager,
+        &format!("{manager}                tracing:\n{provider}"),
+    );
+    let clusters = "  clusters:\n";
+    let cluster = format!(
+        "    - name: trace_collector
+      type: STATIC
+{http2}      load_assignment:
+        cluster_name: trace_collector
+        endpoints:
+          - lb_endpoints:
+              - endpoint:
+                  address:
+                    socket_address: {{ address: 127.0.0.1, port_value: {} }}
+",
+        collector.port()
+    );
+    replace_once(&config, clusters, &format!("{clusters}{cluster}"))
+}
+
 /// Replaces the one occurrence of `from`; fails when the example no longer has exactly one,
 /// so an edit to the example cannot silently leave a test on the wrong port.
 fn replace_once(text: &str, from: &str, to: &str) -> String {
