@@ -45,6 +45,7 @@ VALUE_SETS: dict[str, dict[str, Any]] = {
             "request_limits": {"max_descriptors": 8},
         },
         "extraEnv": [{"name": "TZ", "value": "UTC"}],
+        "tracing": {"otlpEndpoint": "http://otel-collector.observability:4317", "protocol": "grpc", "samplingRatio": 0.1},
         "service": {"type": "LoadBalancer", "grpcPort": 9081, "httpPort": 9080, "annotations": {"a": "b"}},
         "podAnnotations": {"team": "edge"},
         "podLabels": {"tier": "edge"},

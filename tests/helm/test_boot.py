@@ -217,3 +217,49 @@ def test_upstream_compat_boots_bin_ratelimit_on_the_charts_rules_and_redis(
     with floodgate(env, [str(ratelimit)]) as addresses:
         assert three_demo_queries(addresses["grpc"]) == [OK, OK, OVER_LIMIT]
         assert http_status(addresses["http"], "/healthcheck") == 200
+
+
+@pytest.fixture
+def otlp_sink() -> Iterator[tuple[str, list[bytes]]]:
+    """An OTLP/HTTP receiver on a free port: its endpoint, and the bodies posted to /v1/traces."""
+    import http.server
+    import threading
+
+    bodies: list[bytes] = []
+
+    class Sink(http.server.BaseHTTPRequestHandler):
+        def do_POST(self) -> None:  # noqa: N802 (the handler's name)
+            body = self.rfile.read(int(self.headers.get("content-length", 0)))
+            if self.path == "/v1/traces" and self.headers.get("content-type") == "application/x-protobuf":
+                bodies.append(body)
+            self.send_response(200)
+            self.send_header("content-type", "application/x-protobuf")
+            self.send_header("content-length", "0")
+            self.end_headers()
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Sink)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}", bodies
+    finally:
+        server.shutdown()
+
+
+def test_tracing_values_make_the_server_export_its_decisions_spans(
+    tmp_path: Path, otlp_sink: tuple[str, list[bytes]]
+) -> None:
+    endpoint, bodies = otlp_sink
+    objects = manifests({"tracing": {"otlpEndpoint": endpoint}})
+    env = pod_files(objects, tmp_path)
+    # Export within 50 ms instead of 5 s: the test's only change to the rendered tracing.
+    env["OTEL_BSP_SCHEDULE_DELAY"] = "50"
+    with floodgate(env) as addresses:
+        assert query(addresses["grpc"], "example", "generic_key=demo") == OK
+        deadline = time.monotonic() + 15
+        while not any(b"ShouldRateLimit" in body for body in bodies):
+            assert time.monotonic() < deadline, f"no decision span among {len(bodies)} exports"
+            time.sleep(0.05)

@@ -142,6 +142,16 @@ def test_settings_become_floodgate_environment_variables() -> None:
     assert env["FLOODGATE_REDIS_SENTINEL_MASTER"] == "cache"
 
 
+def test_tracing_values_become_the_standard_otel_variables_and_are_off_by_default() -> None:
+    (container,) = only(manifests(VALUE_SETS["everything_enabled"]), "Deployment")["spec"]["template"]["spec"]["containers"]
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    assert env["OTEL_EXPORTER_OTLP_ENDPOINT"] == "http://otel-collector.observability:4317"
+    assert env["OTEL_EXPORTER_OTLP_PROTOCOL"] == "grpc"
+    assert (env["OTEL_TRACES_SAMPLER"], env["OTEL_TRACES_SAMPLER_ARG"]) == ("parentbased_traceidratio", "0.1")
+    (default,) = only(manifests({}), "Deployment")["spec"]["template"]["spec"]["containers"]
+    assert not any(e["name"].startswith("OTEL_") for e in default["env"])
+
+
 @pytest.mark.parametrize(
     "values",
     [
@@ -153,6 +163,9 @@ def test_settings_become_floodgate_environment_variables() -> None:
         {"settings": {"Response-Headers": "ietf"}},
         {"rules": {"limits.json": "domain: x"}},
         {"serviceMonitor": {"enabled": True, "interval": "often"}},
+        {"tracing": {"otlpEndpoint": "otel-collector:4318"}},
+        {"tracing": {"protocol": "http/json"}},
+        {"tracing": {"samplingRatio": 1.5}},
     ],
     ids=lambda values: yaml.safe_dump(values, default_flow_style=True).strip(),
 )
