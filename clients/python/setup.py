@@ -2,7 +2,9 @@
 
 Nothing generated is committed. Every build (wheel, sdist then wheel, editable install)
 runs grpcio-tools' protoc on the same ``.proto`` files the server is built from, so the
-client cannot drift from the wire contract. Everything else lives in pyproject.toml.
+client cannot drift from the wire contract: the RLS service's file and what it imports, no
+more. An sdist carries those files in its own ``proto/``, so a wheel builds from it alone.
+Everything else lives in pyproject.toml.
 """
 
 from __future__ import annotations
@@ -21,8 +23,11 @@ HERE = Path(__file__).parent.resolve()
 PACKAGE = "floodgate_client"
 PROTO_PACKAGE = f"{PACKAGE}._proto"
 SERVICE_PROTO = "envoy/service/ratelimit/v3/rls.proto"
-# In the repository the contract sits at its root; an sdist carries its own copy.
-PROTO_ROOTS = (HERE.parent.parent / "proto", HERE / "proto")
+# An sdist carries its own copy, looked at first so that a build never picks up a stray
+# proto/ beside the unpacked sdist; in the repository the contract sits at its root.
+PROTO_ROOTS = (HERE / "proto", HERE.parent.parent / "proto")
+# `import "a/b.proto";` (also `import public` and `import weak`), one per line.
+PROTO_IMPORT = re.compile(r'^\s*import\s+(?:public\s+|weak\s+)?"([^"]+)"\s*;', re.MULTILINE)
 # protoc writes absolute imports of the proto packages (`from envoy.type.v3 import ...`).
 ENVOY_IMPORT = re.compile(r"^from (envoy(?:\.\w+)*) import", re.MULTILINE)
 REQUIREMENT_NAME = re.compile(r"[A-Za-z0-9._-]*")
@@ -35,6 +40,23 @@ def proto_root() -> Path:
             return root
     looked = ", ".join(str(root) for root in PROTO_ROOTS)
     raise SystemExit(f"floodgate-client: no {SERVICE_PROTO} under {looked}")
+
+
+def service_protos(root: Path) -> list[str]:
+    """The service's ``.proto`` file and every file it imports, directly or not, under ``root``.
+
+    Imports that are not under ``root`` are protobuf's well-known types, which grpcio-tools
+    (at build time) and protobuf (at run time) bring themselves.
+    """
+    found: set[str] = set()
+    pending = [SERVICE_PROTO]
+    while pending:
+        name = pending.pop()
+        if name in found or not (root / name).is_file():
+            continue
+        found.add(name)
+        pending.extend(PROTO_IMPORT.findall((root / name).read_text()))
+    return sorted(found)
 
 
 def runtime_requirements() -> list[str]:
@@ -63,8 +85,7 @@ def generate(out: Path) -> None:
     root = proto_root()
     shutil.rmtree(out, ignore_errors=True)
     out.mkdir(parents=True)
-    protos = sorted(str(path.relative_to(root)) for path in root.rglob("*.proto"))
-    protoc(f"-I{root}", f"--python_out={out}", f"--pyi_out={out}", *protos)
+    protoc(f"-I{root}", f"--python_out={out}", f"--pyi_out={out}", *service_protos(root))
     protoc(f"-I{root}", f"--grpc_python_out={out}", SERVICE_PROTO)
     for path in out.rglob("*.py*"):
         path.write_text(ENVOY_IMPORT.sub(rf"from {PROTO_PACKAGE}.\1 import", path.read_text()))
@@ -90,7 +111,11 @@ class SdistWithProtos(sdist):
 
     def make_release_tree(self, base_dir: str, files: list[str]) -> None:
         super().make_release_tree(base_dir, files)
-        shutil.copytree(proto_root(), Path(base_dir) / "proto", dirs_exist_ok=True)
+        root = proto_root()
+        for name in service_protos(root):
+            target = Path(base_dir) / "proto" / name
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(root / name, target)
 
 
 setup(
