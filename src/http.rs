@@ -102,8 +102,13 @@ async fn json(State(state): State<HttpState>, body: Bytes) -> Response {
         Err(DecideError::InvalidRequest(invalid)) => {
             error_response(StatusCode::BAD_REQUEST, &invalid.0)
         }
-        Err(DecideError::Backend(error)) => {
-            error_response(StatusCode::SERVICE_UNAVAILABLE, &error.to_string())
+        Err(DecideError::Backend(failure)) => {
+            let mut answer = error_response(StatusCode::SERVICE_UNAVAILABLE, &failure.to_string());
+            if failure.nothing_counted {
+                let (name, value) = grpc::NOTHING_COUNTED;
+                (answer.headers_mut()).insert(name, axum::http::HeaderValue::from_static(value));
+            }
+            answer
         }
     }
 }

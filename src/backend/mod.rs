@@ -70,9 +70,15 @@ pub(crate) fn rejects(hits: &[CounterHit<'_>], results: &[Result<Decision, Backe
 /// Why a backend could not decide.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum BackendError {
-    /// The backend could not be reached or refused the call.
+    /// The backend could not be reached or refused the call; it may have counted the hits
+    /// (a connection that broke after the call was sent).
     #[error("backend unavailable: {0}")]
     Unavailable(String),
+    /// The backend counted none of the hits: the call was never sent (the circuit is open,
+    /// no connection could be made) or Redis answered that it ran nothing (past the call's
+    /// deadline). A request failed only this way may be sent again without counting twice.
+    #[error("backend unavailable: {0}")]
+    NothingCounted(String),
     /// The backend did not answer within the command timeout (or the request's own
     /// deadline, when that came first).
     #[error("backend did not answer within {0:?}")]
@@ -209,6 +215,17 @@ impl Answers {
     }
 }
 
+impl BackendError {
+    /// Whether the hit was certainly not counted (shed, never sent, refused by settings, or
+    /// run past its deadline), so that sending it again cannot count it twice.
+    pub fn counted_nothing(&self) -> bool {
+        matches!(
+            self,
+            BackendError::NothingCounted(_) | BackendError::Overloaded(_) | BackendError::Config(_)
+        )
+    }
+}
+
 impl Backend {
     /// Which store holds the counters, as traces name it.
     pub fn kind(&self) -> &'static str {
@@ -334,7 +351,8 @@ impl Backend {
         let admission = breaker.admit();
         if admission == Admission::Reject {
             self.stats.record_circuit_open();
-            let open = BackendError::Unavailable("circuit open: the backend keeps failing".into());
+            let open =
+                BackendError::NothingCounted("circuit open: the backend keeps failing".into());
             return vec![Err(open); hits.len()];
         }
         let started = Instant::now();
@@ -422,7 +440,11 @@ fn outcome(results: &[Result<Decision, BackendError>]) -> Option<Outcome> {
             Ok(_) | Err(BackendError::Protocol(_)) => return Some(Outcome::Answered),
             Err(BackendError::Overloaded(_)) => continue,
             Err(BackendError::Timeout(_)) => Outcome::TimedOut,
-            Err(BackendError::Unavailable(_) | BackendError::Config(_)) => Outcome::Failed,
+            Err(
+                BackendError::Unavailable(_)
+                | BackendError::NothingCounted(_)
+                | BackendError::Config(_),
+            ) => Outcome::Failed,
         };
         // A failure says more than a timeout: the backend refused, not just took long.
         if outcome != Some(Outcome::Failed) {

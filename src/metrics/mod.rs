@@ -433,7 +433,9 @@ impl ErrorKind {
     fn of(error: &BackendError) -> Option<Self> {
         match error {
             BackendError::Timeout(_) => Some(ErrorKind::Timeout),
-            BackendError::Unavailable(_) => Some(ErrorKind::Unavailable),
+            BackendError::Unavailable(_) | BackendError::NothingCounted(_) => {
+                Some(ErrorKind::Unavailable)
+            }
             BackendError::Protocol(_) => Some(ErrorKind::Protocol),
             BackendError::Config(_) => Some(ErrorKind::Config),
             BackendError::Overloaded(_) => None,

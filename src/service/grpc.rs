@@ -48,6 +48,10 @@ impl RateLimitService for GrpcService {
     }
 }
 
+/// What an UNAVAILABLE answer carries when no hit of the request was counted, so that a
+/// client may send it again without counting twice (`docs/clients.md`).
+pub const NOTHING_COUNTED: (&str, &str) = ("floodgate-counted", "none");
+
 /// The decision span's name: the RPC, as OpenTelemetry's conventions name server spans.
 const SHOULD_RATE_LIMIT: &str = "envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit";
 
@@ -66,7 +70,14 @@ impl From<DecideError> for Status {
         match error {
             DecideError::InvalidRequest(invalid) => Status::invalid_argument(invalid.0),
             // Envoy applies its failure_mode_deny to any gRPC error.
-            DecideError::Backend(backend) => Status::unavailable(backend.to_string()),
+            DecideError::Backend(failure) => {
+                let mut status = Status::unavailable(failure.to_string());
+                if failure.nothing_counted {
+                    let none = tonic::metadata::MetadataValue::from_static(NOTHING_COUNTED.1);
+                    status.metadata_mut().insert(NOTHING_COUNTED.0, none);
+                }
+                status
+            }
         }
     }
 }

@@ -78,7 +78,17 @@ pub enum DecideError {
     #[error(transparent)]
     InvalidRequest(#[from] InvalidRequest),
     #[error(transparent)]
-    Backend(#[from] BackendError),
+    Backend(#[from] BackendFailure),
+}
+
+/// The backend failed a hit whose rule leaves the answer to the caller.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{error}")]
+pub struct BackendFailure {
+    pub error: BackendError,
+    /// No hit of the request was counted anywhere (each failed before or without counting,
+    /// none fell back on `local`), so the caller may send it again without counting twice.
+    pub nothing_counted: bool,
 }
 
 /// The rate-limit decision service: the rules in force, the counters, the response options.
@@ -250,6 +260,11 @@ impl RateLimiter {
             traced.finish(&answers.results);
         }
         let results = std::mem::take(&mut answers.results);
+        // Stops at the first hit answered (the common case): that hit was counted.
+        let nothing_counted = (results.iter().zip(&policies)).all(|(result, policy)| {
+            *policy != OnBackendError::Local
+                && matches!(result, Err(error) if error.counted_nothing())
+        });
         // Where each decision came from, for the statistics. A failed hit answered by the
         // rule's policy was decided by no counter, unless the policy is `local`, which counts.
         let mut judged_by = Vec::with_capacity(hits.len());
@@ -263,7 +278,11 @@ impl RateLimiter {
                 });
                 result.or_else(|error| self.fallback(hit, policy, error))
             })
-            .collect::<Result<Vec<_>, _>>()?;
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|error| BackendFailure {
+                error,
+                nothing_counted,
+            })?;
         let combined = response::build(request, &resolutions, &decisions, &self.options);
         stats::record(&self.metrics, request, &resolutions, &decisions, &judged_by);
         if combined.shadowed {

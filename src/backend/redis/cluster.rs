@@ -255,7 +255,9 @@ impl RedisClusterBackend {
                         answer => {
                             stale |= matches!(
                                 answer,
-                                Err(BackendError::Unavailable(_) | BackendError::Timeout(_))
+                                Err(BackendError::Unavailable(_)
+                                    | BackendError::NothingCounted(_)
+                                    | BackendError::Timeout(_))
                             );
                             results[index] = Some(answer);
                         }

@@ -209,7 +209,7 @@ impl Source {
                 let pooled = pool
                     .get()
                     .await
-                    .map_err(|e| BackendError::Unavailable(format!("redis connection: {e}")))?;
+                    .map_err(|e| BackendError::NothingCounted(format!("redis connection: {e}")))?;
                 Ok(PrimaryConnection(deadpool_redis::Connection::take(pooled)))
             }
             Source::Sentinel(sentinel) => sentinel.connect().await,
@@ -228,7 +228,7 @@ impl Sentinel {
         };
         match tokio::time::timeout(bound, connect).await {
             Ok(Ok(connection)) => Ok(PrimaryConnection(connection)),
-            Ok(Err(e)) => Err(BackendError::Unavailable(format!(
+            Ok(Err(e)) => Err(BackendError::NothingCounted(format!(
                 "redis primary {:?} via the sentinels: {e}",
                 self.master
             ))),
