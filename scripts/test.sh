@@ -74,6 +74,10 @@ echo "== Helm chart (lint, render, Kubernetes schemas, a server booted from it)"
 .venv/bin/pip install -q helm-python-sdk==0.2.2 kubernetes-validate==1.37.0
 .venv/bin/python -m pytest -q tests/helm
 
+echo "== rule-file JSON Schema (every rule file in the repo; schema and check-config agree)"
+.venv/bin/pip install -q pytest jsonschema==4.26.0 PyYAML==6.0.3
+.venv/bin/python -m pytest -q tests/schema
+
 echo "== TypeScript client"
 if ! need npm; then
     if [ "$(id -u)" = 0 ] && need apt-get; then
