@@ -18,6 +18,8 @@ RELEASE = "rl"
 NAMESPACE = "edge"
 # The Kubernetes version the chart is linted for and its manifests validated against.
 KUBE_VERSION = "1.31.0"
+# Prometheus Operator kinds: no Kubernetes schema; their own tests check them.
+CRD_KINDS = {"ServiceMonitor"}
 
 Manifest = dict[str, Any]
 
@@ -45,6 +47,8 @@ VALUE_SETS: dict[str, dict[str, Any]] = {
             "request_limits": {"max_descriptors": 8},
         },
         "extraEnv": [{"name": "TZ", "value": "UTC"}],
+        "extraVolumes": [{"name": "redis-ca", "secret": {"secretName": "redis-ca"}}],
+        "extraVolumeMounts": [{"name": "redis-ca", "mountPath": "/etc/redis-ca", "readOnly": True}],
         "tracing": {"otlpEndpoint": "http://otel-collector.observability:4317", "protocol": "grpc", "samplingRatio": 0.1},
         "service": {"type": "LoadBalancer", "grpcPort": 9081, "httpPort": 9080, "annotations": {"a": "b"}},
         "podAnnotations": {"team": "edge"},

@@ -1,116 +1,28 @@
 """The chart's configuration starts a working server: the real floodgate binary, given the
 rule files of the rendered ConfigMap and the environment of the rendered Deployment (with
-Secret references resolved), serves the chart's rules and answers its probes.
-
-One change is made to what a pod would see: the listen addresses become 127.0.0.1:0 (the
-chart's 0.0.0.0:8081 / 0.0.0.0:8080 would collide with other tests and expose the server),
-and the rules directory is the temporary directory holding the ConfigMap's files instead of
-the pod's mount path (the test checks the two name the same thing).
+Secret references resolved), serves the chart's rules and answers its probes. boot_support
+says what differs from a pod.
 """
 
 from __future__ import annotations
 
-import signal
+import re
 import socket
 import subprocess
-import tempfile
 import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
-from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from chart_support import Manifest, container_environment, floodgate_binary, manifests, only
+import yaml
 
-STARTUP_SECONDS = 15
-OK, OVER_LIMIT = 0, 2
-
-
-def pod_files(objects: list[Manifest], rules_dir: Path) -> dict[str, str]:
-    """Writes the rules ConfigMap into `rules_dir` as the kubelet would mount it, and returns
-    the container's environment pointed at that directory and at free loopback ports."""
-    pod = only(objects, "Deployment")["spec"]["template"]["spec"]
-    (container,) = pod["containers"]
-    config_map = only(objects, "ConfigMap")
-    (volume,) = [v for v in pod["volumes"] if v.get("configMap", {}).get("name") == config_map["metadata"]["name"]]
-    (mount,) = [m for m in container["volumeMounts"] if m["name"] == volume["name"]]
-    for name, text in config_map["data"].items():
-        (rules_dir / name).write_text(text)
-
-    env = container_environment(objects)
-    assert env["FLOODGATE_RULES"] == mount["mountPath"], "the server must read the mounted ConfigMap"
-    assert env["FLOODGATE_GRPC_ADDR"].endswith(":8081") and env["FLOODGATE_HTTP_ADDR"].endswith(":8080")
-    env["FLOODGATE_RULES"] = str(rules_dir)
-    env["FLOODGATE_GRPC_ADDR"] = "127.0.0.1:0"
-    env["FLOODGATE_HTTP_ADDR"] = "127.0.0.1:0"
-    return env
-
-
-@contextmanager
-def floodgate(env: dict[str, str], command: list[str] | None = None) -> Iterator[dict[str, str]]:
-    """`floodgate serve` (the container's args), or `command`, with exactly `env`; yields its
-    addresses."""
-    command = command or [str(floodgate_binary()), "serve"]
-    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
-        process = subprocess.Popen(command, env=env, stdout=out, stderr=err)
-        try:
-            yield wait_listening(process, out, err)
-        finally:
-            if process.poll() is None:
-                process.send_signal(signal.SIGTERM)
-                try:
-                    process.wait(timeout=15)
-                except subprocess.TimeoutExpired:
-                    process.kill()
-                    process.wait()
-
-
-def wait_listening(process: subprocess.Popen[bytes], out: Any, err: Any) -> dict[str, str]:
-    """The addresses from the first stdout line, `floodgate listening: grpc=… http=…`."""
-    deadline = time.monotonic() + STARTUP_SECONDS
-    while time.monotonic() < deadline and process.poll() is None:
-        out.seek(0)
-        line = out.readline().decode()
-        if line.endswith("\n") and line.startswith("floodgate listening:"):
-            return dict(part.split("=", 1) for part in line.split()[2:])
-        time.sleep(0.02)
-    process.kill()
-    process.wait()
-    out.seek(0)
-    err.seek(0)
-    pytest.fail(f"floodgate did not start:\n{(out.read() + err.read()).decode(errors='replace')}", pytrace=False)
-
-
-def query(grpc: str, domain: str, descriptor: str) -> int:
-    """One ShouldRateLimit through `floodgate query`; its exit code (0 OK, 2 over limit)."""
-    result = subprocess.run(
-        [str(floodgate_binary()), "query", "--addr", f"http://{grpc}", "--domain", domain, "--descriptor", descriptor],
-        capture_output=True,
-        text=True,
-        timeout=15,
-    )
-    assert result.returncode in (OK, OVER_LIMIT), result.stderr
-    return result.returncode
-
-
-def three_demo_queries(grpc: str) -> list[int]:
-    """Three queries of the chart's example rule (two a minute), started well inside one
-    minute: three that straddled a minute's end would count in two windows."""
-    if 60 - time.time() % 60 < 5:
-        time.sleep(60 - time.time() % 60 + 0.1)
-    return [query(grpc, "example", "generic_key=demo") for _ in range(3)]
-
-
-def http_status(http: str, path: str) -> int:
-    try:
-        with urllib.request.urlopen(f"http://{http}{path}", timeout=5) as response:
-            return response.status
-    except urllib.error.HTTPError as error:
-        return error.code
+from boot_support import OK, OVER_LIMIT, floodgate, http_status, mount_secrets, pod_files, query, three_demo_queries
+from chart_support import CHART, Manifest, container_environment, floodgate_binary, manifests, only
 
 
 def probe_paths(objects: list[Manifest]) -> list[str]:
@@ -263,3 +175,87 @@ def test_tracing_values_make_the_server_export_its_decisions_spans(
         while not any(b"ShouldRateLimit" in body for body in bodies):
             assert time.monotonic() < deadline, f"no decision span among {len(bodies)} exports"
             time.sleep(0.05)
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+@dataclass
+class TlsRedis:
+    """A TLS-only redis-server whose certificate a private CA signed."""
+
+    port: int
+    ca: str
+    cli: list[str]
+
+    def counter_keys(self) -> list[str]:
+        keys = subprocess.run([*self.cli, "--scan", "--pattern", "floodgate:*"], capture_output=True, text=True, check=True)
+        return keys.stdout.split()
+
+
+@pytest.fixture
+def tls_redis(tmp_path: Path) -> Iterator[TlsRedis]:
+    """A TLS-only redis-server on a free port, its certificate (for 127.0.0.1) signed by a
+    CA made here."""
+    certs = tmp_path / "certs"
+    certs.mkdir()
+
+    def openssl(*arguments: str) -> None:
+        result = subprocess.run(["openssl", *arguments], cwd=certs, capture_output=True, text=True)
+        assert result.returncode == 0, result.stderr
+
+    openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=floodgate-chart-test-ca",
+            "-keyout", "ca.key", "-out", "ca.crt")
+    openssl("req", "-newkey", "rsa:2048", "-nodes", "-subj", "/CN=127.0.0.1", "-keyout", "server.key", "-out", "server.csr")
+    (certs / "server.ext").write_text("subjectAltName=IP:127.0.0.1\n")
+    openssl("x509", "-req", "-in", "server.csr", "-CA", "ca.crt", "-CAkey", "ca.key", "-CAcreateserial", "-days", "1",
+            "-extfile", "server.ext", "-out", "server.crt")
+    port = free_port()
+    server = subprocess.Popen(
+        ["redis-server", "--port", "0", "--tls-port", str(port), "--bind", "127.0.0.1",
+         "--tls-cert-file", str(certs / "server.crt"), "--tls-key-file", str(certs / "server.key"),
+         "--tls-ca-cert-file", str(certs / "ca.crt"), "--tls-auth-clients", "no", "--save", "", "--appendonly", "no"],
+        stdout=subprocess.DEVNULL,
+    )
+    redis = TlsRedis(port, (certs / "ca.crt").read_text(),
+                     ["redis-cli", "--tls", "--cacert", str(certs / "ca.crt"), "-h", "127.0.0.1", "-p", str(port)])
+    try:
+        deadline = time.monotonic() + 10
+        while subprocess.run([*redis.cli, "ping"], capture_output=True, text=True).stdout.strip() != "PONG":
+            assert server.poll() is None and time.monotonic() < deadline, "redis-server with TLS did not start"
+            time.sleep(0.05)
+        yield redis
+    finally:
+        server.terminate()
+        server.wait()
+
+
+def readme_examples(containing: str) -> list[dict[str, Any]]:
+    """The chart README's YAML value examples that mention `containing`."""
+    blocks = re.findall(r"```yaml\n(.*?)```", (CHART / "README.md").read_text(), flags=re.DOTALL)
+    return [yaml.safe_load(block) for block in blocks if containing in block]
+
+
+@pytest.mark.parametrize(
+    "example", readme_examples("extraVolumeMounts"), ids=["redis_tls_ca_file", "SSL_CERT_FILE"]
+)
+def test_readme_private_redis_ca_examples_reach_a_tls_redis(
+    tmp_path: Path, tls_redis: TlsRedis, example: dict[str, Any]
+) -> None:
+    """The README's values, the URL aside: the CA in the Secret redis-ca reaches floodgate
+    through the mounted volume, and floodgate counts in a Redis only that CA vouches for (a
+    Redis it cannot trust would leave the counting to the rules' failure policy)."""
+    values = example | {"redis": example["redis"] | {"url": f"rediss://127.0.0.1:{tls_redis.port}"}}
+    objects = manifests(values)
+    (tmp_path / "rules").mkdir()
+    env = pod_files(objects, tmp_path / "rules")
+    mount_secrets(objects, env, {"redis-ca": {"ca.crt": tls_redis.ca}}, tmp_path)
+    # The test is about trust, not speed: the debug binary's TLS on a busy two-core machine
+    # can outlast the 15 ms default, and a timeout would hand the request to its policy.
+    env["FLOODGATE_REDIS_COMMAND_TIMEOUT_MS"] = "2000"
+    with floodgate(env) as addresses:
+        assert three_demo_queries(addresses["grpc"]) == [OK, OK, OVER_LIMIT]
+    assert tls_redis.counter_keys(), "the counters live in the TLS Redis"

@@ -11,7 +11,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from chart_support import CHART, KUBE_VERSION, NAMESPACE, VALUE_SETS, manifests, only, render
+from chart_support import CHART, CRD_KINDS, KUBE_VERSION, NAMESPACE, VALUE_SETS, manifests, only, render
 
 WARNING = 2
 
@@ -28,8 +28,8 @@ def test_rendered_objects_are_valid_kubernetes(name: str) -> None:
     objects = manifests(VALUE_SETS[name])
     assert objects
     for manifest in objects:
-        if manifest["kind"] == "ServiceMonitor":
-            # A Prometheus Operator CRD: no Kubernetes schema; checked against the Service in
+        if manifest["kind"] in CRD_KINDS:
+            # The ServiceMonitor is checked against the Service in
             # test_service_monitor_scrapes_the_http_port.
             continue
         try:
@@ -166,6 +166,7 @@ def test_tracing_values_become_the_standard_otel_variables_and_are_off_by_defaul
         {"tracing": {"otlpEndpoint": "otel-collector:4318"}},
         {"tracing": {"protocol": "http/json"}},
         {"tracing": {"samplingRatio": 1.5}},
+        {"extraVolumeMounts": [{"name": "redis-ca"}]},
     ],
     ids=lambda values: yaml.safe_dump(values, default_flow_style=True).strip(),
 )
