@@ -4,17 +4,19 @@
 use std::time::Duration;
 
 use tokio::time::Instant;
+use tonic::Status;
 use tonic::transport::{Channel, Endpoint};
-use tonic::{Code, Status};
 
 use crate::decision::Decision;
 use crate::descriptor::Descriptor;
 use crate::error::Error;
+use crate::failure::Failure;
 use crate::proto::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
 use crate::proto::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
 use crate::retry::Retry;
 
-/// What a call decides when the server cannot answer in time (after the retries).
+/// What a call decides when the server cannot answer: `UNAVAILABLE` (after the retries that
+/// are allowed), a transport failure, or the deadline passing. Never for any other error.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub enum FailureMode {
     /// Allow: an outage of the rate limiter does not become an outage of the service.
@@ -32,6 +34,7 @@ pub struct Client {
     timeout: Duration,
     failure_mode: FailureMode,
     retry: Retry,
+    retry_possibly_counted: bool,
 }
 
 impl Client {
@@ -54,11 +57,13 @@ impl Client {
             timeout: Self::DEFAULT_TIMEOUT,
             failure_mode: FailureMode::default(),
             retry: Retry::default(),
+            retry_possibly_counted: false,
         }
     }
 
-    /// Sets the bound on each call, retries included; when it passes, the failure mode
-    /// decides. The server also receives it (`grpc-timeout`) and gives up in time.
+    /// Sets the one deadline of each call: every attempt and every pause between attempts
+    /// fits in it, each attempt getting what remains (and telling the server, in
+    /// `grpc-timeout`). When it passes, the failure mode decides.
     pub fn timeout(mut self, timeout: Duration) -> Client {
         self.timeout = timeout;
         self
@@ -70,9 +75,23 @@ impl Client {
         self
     }
 
-    /// Sets the retries on `UNAVAILABLE` ([`Retry::NONE`] turns them off).
+    /// Sets the attempts and backoff ([`Retry::NONE`] turns retries off).
     pub fn retry(mut self, retry: Retry) -> Client {
         self.retry = retry;
+        self
+    }
+
+    /// Whether an `UNAVAILABLE` that may already have been counted is sent again too.
+    ///
+    /// By default (`false`) only an `UNAVAILABLE` that counted nothing is retried: one that
+    /// floodgate marks `floodgate-counted: none` (its circuit breaker was open, the request
+    /// was shed, Redis could not be reached or ran nothing), or a connection that never
+    /// opened. An unmarked one (a Redis timeout after the script may have run, a connection
+    /// lost after the request went out) goes to the failure mode at once, since sending it
+    /// again could count its hits twice. `true` retries every `UNAVAILABLE`, for callers
+    /// who prefer an answer to an exact count.
+    pub fn retry_possibly_counted(mut self, retry: bool) -> Client {
+        self.retry_possibly_counted = retry;
         self
     }
 
@@ -80,8 +99,10 @@ impl Client {
     /// `hits` against each descriptor's limits (0 means 1; a descriptor's own
     /// [`hits`](Descriptor::hits) wins).
     ///
-    /// Returns a decision whenever the server is unreachable, slow or failing (a degraded
-    /// one, decided by the failure mode); the only error is a request the server refuses.
+    /// Returns a decision whenever the server is unreachable, slow or unavailable (a
+    /// degraded one, decided by the failure mode); the errors are a request the server
+    /// refuses ([`Error::InvalidArgument`]) and answers no failure mode covers
+    /// ([`Error::Status`]).
     pub async fn should_rate_limit(
         &self,
         domain: &str,
@@ -93,41 +114,48 @@ impl Client {
             descriptors: descriptors.iter().map(Descriptor::to_wire).collect(),
             hits_addend: hits,
         };
-        match self.call_with_retries(request).await {
+        match self.call_within_deadline(request).await {
             Ok(response) => Ok(Decision::from_wire(response)),
-            Err(status) if status.code() == Code::InvalidArgument => {
-                Err(Error::InvalidArgument(status.message().to_owned()))
-            }
+            Err(Failure::Fatal(status)) => Err(Error::from_status(status)),
             Err(_) => Ok(Decision::from_failure(self.failure_mode, descriptors.len())),
         }
     }
 
-    /// Sends `request` until it is answered, fails other than `UNAVAILABLE`, runs out of
-    /// retries, or the next retry would start after the deadline.
-    async fn call_with_retries(
+    /// Sends `request` until it is answered, fails in a way that may not be retried, runs
+    /// out of attempts, or the next retry would start after the deadline.
+    async fn call_within_deadline(
         &self,
         request: RateLimitRequest,
-    ) -> Result<RateLimitResponse, Status> {
+    ) -> Result<RateLimitResponse, Failure> {
         let deadline = Instant::now() + self.timeout;
-        let mut retries = 0;
+        let mut attempt = 1;
         loop {
-            let status = match self.attempt(request.clone(), deadline).await {
-                Err(status) if status.code() == Code::Unavailable => status,
-                settled => return settled,
+            let failure = match self.attempt(request.clone(), deadline).await {
+                Ok(response) => return Ok(response),
+                Err(status) => Failure::of(status),
             };
-            if retries == self.retry.max_retries {
-                return Err(status);
+            if attempt >= self.retry.attempts() || !self.may_send_again(&failure) {
+                return Err(failure);
             }
-            let resume = Instant::now() + self.retry.backoff(retries);
+            let resume = Instant::now() + self.retry.backoff(attempt);
             if resume >= deadline {
-                return Err(status);
+                return Err(failure);
             }
             tokio::time::sleep_until(resume).await;
-            retries += 1;
+            attempt += 1;
         }
     }
 
-    /// One call, abandoned at `deadline` (which the server is told as well).
+    /// Whether an attempt that ended in `failure` may be sent again.
+    fn may_send_again(&self, failure: &Failure) -> bool {
+        match failure {
+            Failure::NotCounted => true,
+            Failure::MaybeCounted => self.retry_possibly_counted,
+            Failure::DeadlineExceeded | Failure::Fatal(_) => false,
+        }
+    }
+
+    /// One attempt, abandoned at `deadline` (which the server is told as well).
     async fn attempt(
         &self,
         request: RateLimitRequest,

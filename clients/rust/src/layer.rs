@@ -11,6 +11,7 @@ use tower::{Layer, Service};
 
 use crate::client::Client;
 use crate::descriptor::Descriptor;
+use crate::error::Error;
 
 /// Rate-limits any `tower::Service<http::Request<B>>` (an axum router, a tonic server, a
 /// hyper service) with a [`Client`]:
@@ -22,7 +23,10 @@ use crate::descriptor::Descriptor;
 /// - allowed: the inner service's response, with the server's headers added;
 /// - descriptors the server refuses (a value too long, an empty key): `400 Bad Request`,
 ///   since letting the request through would let a client skip its limit;
-/// - server down or slow: the client's [`FailureMode`](crate::FailureMode) decides.
+/// - server down or slow: the client's [`FailureMode`](crate::FailureMode) decides;
+/// - any other error ([`Error::Status`](crate::Error::Status): a server that is not a
+///   rate-limit service, refused credentials): `500 Internal Server Error`, since the
+///   limiter is misconfigured and neither letting through nor refusing would be right.
 ///
 /// Every request counts one hit.
 pub struct RateLimitLayer<F> {
@@ -115,8 +119,8 @@ where
                     Ok(response)
                 }
                 Ok(decision) => Ok(refusal(StatusCode::TOO_MANY_REQUESTS, &decision.headers)),
-                // A call only fails on descriptors the server refuses.
-                Err(_) => Ok(refusal(StatusCode::BAD_REQUEST, &[])),
+                Err(Error::InvalidArgument(_)) => Ok(refusal(StatusCode::BAD_REQUEST, &[])),
+                Err(_) => Ok(refusal(StatusCode::INTERNAL_SERVER_ERROR, &[])),
             }
         })
     }

@@ -1,9 +1,11 @@
 //! A client for floodgate, the gRPC rate-limit service wire-compatible with Envoy's
 //! `envoy.service.ratelimit.v3.RateLimitService` (it works with any server of that contract).
 //!
-//! [`Client`] asks for a [`Decision`] and never leaves the caller waiting longer than its
-//! timeout: when the server cannot answer, the client's [`FailureMode`] decides, and the
-//! decision says it was [`degraded`](Decision::degraded). [`RateLimitLayer`] puts the same
+//! [`Client`] asks for a [`Decision`] and never leaves the caller waiting longer than its one
+//! timeout, retries included: when the server cannot answer, the client's [`FailureMode`]
+//! decides, and the decision says it was [`degraded`](Decision::degraded). It retries only
+//! what cannot count twice unless told otherwise; the Python and TypeScript clients behave
+//! the same (the repository's `docs/clients.md`). [`RateLimitLayer`] puts the same
 //! client in front of any tower HTTP service (axum, tonic, hyper).
 //!
 //! ```no_run
@@ -24,6 +26,7 @@ mod client;
 mod decision;
 mod descriptor;
 mod error;
+mod failure;
 mod layer;
 mod retry;
 

@@ -1,16 +1,18 @@
-//! How often, and how far apart, a call is sent again when the server is unavailable.
+//! How many attempts a call may make, and how far apart.
 
 use std::time::Duration;
 
-/// Retries with exponential backoff and jitter, used only for gRPC `UNAVAILABLE` (no
-/// connection, or a server whose backend is down): the one answer where trying again soon
-/// can succeed. Every other failure is final at once. Retries never outlast the client's
-/// timeout.
+/// Attempts and backoff for the failures that may be sent again (see
+/// [`Client::retry_possibly_counted`](crate::Client::retry_possibly_counted) for which those
+/// are). Every attempt and every pause fits in the client's one timeout: a retry whose pause
+/// would end after it is not made.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Retry {
-    /// Attempts after the first.
-    pub max_retries: u32,
-    /// The pause before the first retry; each later pause doubles, up to `max_backoff`.
+    /// Attempts in all, the first included: 1 turns retries off. 0 is taken as 1 and anything
+    /// above [`Retry::MAX_ATTEMPTS`] as that, as gRPC's own retry policy does.
+    pub max_attempts: u32,
+    /// The ceiling of the pause before the first retry; each later ceiling doubles, up to
+    /// `max_backoff`. The pause itself is drawn at random below its ceiling.
     pub initial_backoff: Duration,
     pub max_backoff: Duration,
 }
@@ -18,29 +20,40 @@ pub struct Retry {
 impl Retry {
     /// No retries: the first failure decides.
     pub const NONE: Retry = Retry {
-        max_retries: 0,
+        max_attempts: 1,
         initial_backoff: Duration::ZERO,
         max_backoff: Duration::ZERO,
     };
 
-    /// The pause before retry number `retry` (0 for the first): between half and all of
-    /// `initial_backoff × 2^retry` (capped at `max_backoff`), at random, so clients that
-    /// failed together do not come back together.
+    /// The most attempts one call makes, whatever `max_attempts` says (gRPC's limit too).
+    pub const MAX_ATTEMPTS: u32 = 5;
+
+    /// `max_attempts` within 1..=[`Retry::MAX_ATTEMPTS`].
+    pub(crate) fn attempts(&self) -> u32 {
+        self.max_attempts.clamp(1, Self::MAX_ATTEMPTS)
+    }
+
+    /// The pause before retry number `retry` (1 for the first): anywhere from zero to
+    /// `initial_backoff × 2^(retry-1)` capped at `max_backoff` ("full jitter", as gRPC's retry
+    /// policy draws it), so clients that failed together do not come back together.
     pub(crate) fn backoff(&self, retry: u32) -> Duration {
-        let ceiling = self
-            .initial_backoff
-            .saturating_mul(2u32.saturating_pow(retry))
-            .min(self.max_backoff);
-        ceiling.mul_f64(0.5 + fastrand::f64() / 2.0)
+        self.ceiling(retry).mul_f64(fastrand::f64())
+    }
+
+    fn ceiling(&self, retry: u32) -> Duration {
+        let doublings = retry.saturating_sub(1);
+        self.initial_backoff
+            .saturating_mul(2u32.saturating_pow(doublings))
+            .min(self.max_backoff)
     }
 }
 
 impl Default for Retry {
-    /// Two retries after pauses of at most 2 ms then 4 ms: both fit in the default 20 ms
-    /// timeout.
+    /// Three attempts, the retries after pauses of at most 2 ms then 4 ms: all of it fits in
+    /// the default 20 ms timeout.
     fn default() -> Self {
         Retry {
-            max_retries: 2,
+            max_attempts: 3,
             initial_backoff: Duration::from_millis(2),
             max_backoff: Duration::from_millis(10),
         }
@@ -52,22 +65,34 @@ mod tests {
     use super::*;
 
     #[test]
-    fn backoff_doubles_up_to_the_cap_with_at_most_half_taken_off() {
+    fn backoff_is_drawn_below_a_ceiling_that_doubles_up_to_the_cap() {
         let retry = Retry {
-            max_retries: 10,
+            max_attempts: 5,
             initial_backoff: Duration::from_millis(4),
             max_backoff: Duration::from_millis(20),
         };
-        for (attempt, ceiling_ms) in [(0, 4), (1, 8), (2, 16), (3, 20), (9, 20)] {
+        for (number, ceiling_ms) in [(1, 4), (2, 8), (3, 16), (4, 20), (9, 20)] {
             let ceiling = Duration::from_millis(ceiling_ms);
-            for _ in 0..100 {
-                let pause = retry.backoff(attempt);
-                assert!(
-                    pause >= ceiling / 2 && pause <= ceiling,
-                    "retry {attempt}: {pause:?} outside {:?}..={ceiling:?}",
-                    ceiling / 2
-                );
-            }
+            let pauses: Vec<Duration> = (0..200).map(|_| retry.backoff(number)).collect();
+            assert!(
+                pauses.iter().all(|pause| *pause <= ceiling),
+                "retry {number}: a pause above {ceiling:?} in {pauses:?}"
+            );
+            assert!(
+                pauses.iter().any(|pause| *pause < ceiling / 2),
+                "retry {number}: full jitter reaches below half the ceiling"
+            );
         }
+    }
+
+    #[test]
+    fn attempts_stay_between_one_and_grpcs_limit() {
+        let with = |max_attempts| Retry {
+            max_attempts,
+            ..Retry::default()
+        };
+        assert_eq!(with(0).attempts(), 1);
+        assert_eq!(with(3).attempts(), 3);
+        assert_eq!(with(50).attempts(), Retry::MAX_ATTEMPTS);
     }
 }

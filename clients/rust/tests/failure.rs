@@ -1,6 +1,7 @@
-//! What the client decides when floodgate cannot answer: the failure mode, after retries on
-//! UNAVAILABLE only. Attempts are counted as the connections the channel opens (each attempt
-//! on a channel without a connection opens one), never inferred from elapsed time.
+//! What the client decides when floodgate itself cannot answer: stopped, frozen, or lost
+//! mid-call. Attempts are counted as the connections the channel opens (each attempt on a
+//! channel without a connection opens one), never inferred from elapsed time. The retries
+//! that floodgate's own answers call for are in `retry.rs`.
 
 mod common;
 
@@ -10,13 +11,14 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use common::{DOMAIN, Floodgate};
-use floodgate_client::{Client, Descriptor, FailureMode, Retry};
+use floodgate_client::{Client, Descriptor, Error, FailureMode, Retry};
 use hyper_util::rt::TokioIo;
 use tokio::net::TcpStream;
+use tonic::Code;
 use tonic::transport::{Channel, Endpoint};
 
-const THREE_RETRIES: Retry = Retry {
-    max_retries: 3,
+const FOUR_ATTEMPTS: Retry = Retry {
+    max_attempts: 4,
     initial_backoff: Duration::from_millis(1),
     max_backoff: Duration::from_millis(4),
 };
@@ -43,7 +45,7 @@ fn client_of_stopped_server(mode: FailureMode) -> (Client, Arc<AtomicUsize>) {
     let connections = Arc::new(AtomicUsize::new(0));
     let client = Client::new(counting_channel(server.grpc_addr, connections.clone()))
         .failure_mode(mode)
-        .retry(THREE_RETRIES)
+        .retry(FOUR_ATTEMPTS)
         .timeout(Duration::from_secs(5));
     (client, connections)
 }
@@ -56,7 +58,7 @@ fn descriptors() -> [Descriptor; 2] {
 }
 
 #[tokio::test]
-async fn fail_open_allows_after_retrying_a_stopped_server() {
+async fn fail_open_allows_after_retrying_a_connection_that_never_opened() {
     let (client, connections) = client_of_stopped_server(FailureMode::Open);
 
     let decision = client
@@ -67,7 +69,7 @@ async fn fail_open_allows_after_retrying_a_stopped_server() {
     assert_eq!(
         connections.load(Ordering::SeqCst),
         4,
-        "one attempt and three retries"
+        "a refused connection sent nothing, so every attempt is made"
     );
     assert!(decision.allowed && decision.degraded);
     assert_eq!(
@@ -85,7 +87,7 @@ async fn fail_open_allows_after_retrying_a_stopped_server() {
 }
 
 #[tokio::test]
-async fn fail_closed_rejects_after_retrying_a_stopped_server() {
+async fn fail_closed_rejects_after_retrying_a_connection_that_never_opened() {
     let (client, connections) = client_of_stopped_server(FailureMode::Closed);
 
     let decision = client
@@ -93,11 +95,7 @@ async fn fail_closed_rejects_after_retrying_a_stopped_server() {
         .await
         .unwrap();
 
-    assert_eq!(
-        connections.load(Ordering::SeqCst),
-        4,
-        "one attempt and three retries"
-    );
+    assert_eq!(connections.load(Ordering::SeqCst), 4);
     assert!(!decision.allowed && decision.degraded);
     assert!(decision.statuses.iter().all(|status| !status.allowed));
 }
@@ -117,13 +115,13 @@ async fn no_retries_means_one_attempt() {
 }
 
 #[tokio::test]
-async fn a_server_that_does_not_answer_in_time_is_not_retried() {
+async fn a_passed_deadline_is_not_retried_and_the_failure_mode_decides() {
     let server = Floodgate::start(&[]);
     server.freeze();
     let connections = Arc::new(AtomicUsize::new(0));
     let client = Client::new(counting_channel(server.grpc_addr, connections.clone()))
         .failure_mode(FailureMode::Closed)
-        .retry(THREE_RETRIES)
+        .retry(FOUR_ATTEMPTS)
         .timeout(Duration::from_millis(200));
 
     let decision = client
@@ -133,11 +131,76 @@ async fn a_server_that_does_not_answer_in_time_is_not_retried() {
 
     assert!(
         !decision.allowed && decision.degraded,
-        "the timeout hands over to the failure mode"
+        "the deadline hands over to the failure mode"
     );
     assert_eq!(
         connections.load(Ordering::SeqCst),
         1,
-        "a deadline is not UNAVAILABLE"
+        "no time is left for another attempt"
     );
+}
+
+/// Sends a call to a frozen floodgate and kills the server once the request is on its way;
+/// the failure mode (closed) decides. Returns the connections the call opened.
+async fn call_lost_after_sending(client_options: fn(Client) -> Client) -> usize {
+    let mut server = Floodgate::start(&[]);
+    server.freeze();
+    let connections = Arc::new(AtomicUsize::new(0));
+    let client = client_options(
+        Client::new(counting_channel(server.grpc_addr, connections.clone()))
+            .failure_mode(FailureMode::Closed)
+            .retry(FOUR_ATTEMPTS)
+            .timeout(Duration::from_secs(5)),
+    );
+    let call =
+        tokio::spawn(async move { client.should_rate_limit(DOMAIN, &descriptors(), 1).await });
+    while connections.load(Ordering::SeqCst) == 0 {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    // The kernel accepts for the frozen process: give the request time to be written.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    server.stop();
+    let decision = call.await.expect("the call task").unwrap();
+    assert!(!decision.allowed && decision.degraded);
+    connections.load(Ordering::SeqCst)
+}
+
+#[tokio::test]
+async fn a_connection_lost_after_the_request_went_out_is_not_retried() {
+    let connections = call_lost_after_sending(|client| client).await;
+
+    assert_eq!(
+        connections, 1,
+        "the request may have been counted: the failure mode decides at once"
+    );
+}
+
+#[tokio::test]
+async fn retry_possibly_counted_sends_a_call_lost_in_transport_again() {
+    let connections = call_lost_after_sending(|client| client.retry_possibly_counted(true)).await;
+
+    assert_eq!(
+        connections, 4,
+        "the lost call is sent again, and the refused connections after it too"
+    );
+}
+
+#[tokio::test]
+async fn an_error_outside_the_fail_open_set_is_returned_not_degraded() {
+    let server = Floodgate::start(&[]);
+    // floodgate's HTTP port speaks HTTP/2 too, but serves no gRPC: a 404, UNIMPLEMENTED.
+    let channel = Endpoint::from_shared(format!("http://{}", server.http_addr))
+        .expect("a valid URL")
+        .connect_lazy();
+    let client = Client::new(channel).timeout(Duration::from_secs(5));
+
+    let error = client
+        .should_rate_limit(DOMAIN, &descriptors(), 1)
+        .await
+        .expect_err("UNIMPLEMENTED is not the failure mode's to decide");
+
+    let Error::Status(status) = error else {
+        panic!("expected Error::Status, got {error:?}");
+    };
+    assert_eq!(status.code(), Code::Unimplemented);
 }

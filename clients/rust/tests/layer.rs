@@ -175,3 +175,22 @@ async fn fail_closed_answers_429_while_floodgate_is_down() {
     );
     assert_eq!(app.calls(), 0);
 }
+
+#[tokio::test]
+async fn a_limiter_pointed_at_a_server_without_the_service_answers_500() {
+    let server = Floodgate::start(&[]);
+    let channel = Endpoint::from_shared(format!("http://{}", server.http_addr))
+        .expect("a valid URL")
+        .connect_lazy();
+    let client = Client::new(channel).timeout(std::time::Duration::from_secs(5));
+    let app = App::serve(client).await;
+
+    let response = app.get(Some("ivan")).await;
+
+    assert_eq!(response.status(), StatusCode::INTERNAL_SERVER_ERROR);
+    assert_eq!(
+        app.calls(),
+        0,
+        "neither let through nor refused as over limit"
+    );
+}

@@ -1,7 +1,10 @@
 //! Runs the real `floodgate` binary for the client's tests: the rules in `tests/rules`, gRPC
-//! and HTTP on free loopback ports, killed when dropped.
+//! and HTTP on free loopback ports, killed when dropped; [`redis`] runs a real `redis-server`
+//! for it to count in.
 
 #![allow(dead_code)]
+
+pub mod redis;
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::SocketAddr;
@@ -24,9 +27,29 @@ pub struct Floodgate {
 impl Floodgate {
     /// Starts a server with extra `serve` flags and waits until it listens.
     pub fn start(flags: &[&str]) -> Floodgate {
+        Self::start_with(flags, &[])
+    }
+
+    /// Starts a server counting in the Redis at `redis_url`, with `settings` as
+    /// `FLOODGATE_*` environment variables (`("FLOODGATE_REDIS_COMMAND_TIMEOUT_MS", "200")`).
+    pub fn on_redis(redis_url: &str, settings: &[(&str, &str)]) -> Floodgate {
+        Self::start_with(&["--backend", "redis", "--redis-url", redis_url], settings)
+    }
+
+    /// Starts a server with extra `serve` flags and settings from the environment. The
+    /// test's own `FLOODGATE_*` variables are left out: the server refuses the ones it does
+    /// not know, such as `FLOODGATE_BIN`.
+    pub fn start_with(flags: &[&str], settings: &[(&str, &str)]) -> Floodgate {
         let binary = binary();
         let rules = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/rules");
-        let mut child = Command::new(&binary)
+        let mut command = Command::new(&binary);
+        for (name, _) in std::env::vars_os() {
+            if name.to_string_lossy().starts_with("FLOODGATE_") {
+                command.env_remove(name);
+            }
+        }
+        let mut child = command
+            .envs(settings.iter().copied())
             .args(["serve", "--rules"])
             .arg(&rules)
             .args(["--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0"])
