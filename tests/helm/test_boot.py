@@ -21,7 +21,9 @@ import pytest
 
 import yaml
 
-from boot_support import OK, OVER_LIMIT, floodgate, http_status, mount_secrets, pod_files, query, three_demo_queries
+from boot_support import (
+    OK, OVER_LIMIT, floodgate, http_status, mount_secrets, patient_with_redis, pod_files, query, three_demo_queries,
+)
 from chart_support import CHART, Manifest, container_environment, floodgate_binary, manifests, only
 
 
@@ -98,6 +100,7 @@ def test_redis_url_and_password_from_the_charts_secret_reach_redis(
     objects = manifests({"backend": "redis", "redis": {"url": f"redis://127.0.0.1:{port}", "password": password}})
     env = pod_files(objects, tmp_path)
     assert "FLOODGATE_REDIS_PASSWORD" in env and password not in env["FLOODGATE_REDIS_URL"]
+    patient_with_redis(env)
     with floodgate(env) as addresses:
         assert three_demo_queries(addresses["grpc"]) == [OK, OK, OVER_LIMIT]
     keys = subprocess.run(
@@ -123,6 +126,7 @@ def test_upstream_compat_boots_bin_ratelimit_on_the_charts_rules_and_redis(
     for name, text in only(objects, "ConfigMap")["data"].items():
         (rules / name).write_text(text)
     env.update(RUNTIME_ROOT=str(tmp_path / "runtime"), HOST="127.0.0.1", PORT="0", GRPC_HOST="127.0.0.1", GRPC_PORT="0")
+    patient_with_redis(env)
     # The image's /bin/ratelimit: the binary started under that name.
     ratelimit = tmp_path / "ratelimit"
     ratelimit.symlink_to(floodgate_binary())
@@ -253,9 +257,7 @@ def test_readme_private_redis_ca_examples_reach_a_tls_redis(
     (tmp_path / "rules").mkdir()
     env = pod_files(objects, tmp_path / "rules")
     mount_secrets(objects, env, {"redis-ca": {"ca.crt": tls_redis.ca}}, tmp_path)
-    # The test is about trust, not speed: the debug binary's TLS on a busy two-core machine
-    # can outlast the 15 ms default, and a timeout would hand the request to its policy.
-    env["FLOODGATE_REDIS_COMMAND_TIMEOUT_MS"] = "2000"
+    patient_with_redis(env)
     with floodgate(env) as addresses:
         assert three_demo_queries(addresses["grpc"]) == [OK, OK, OVER_LIMIT]
     assert tls_redis.counter_keys(), "the counters live in the TLS Redis"
