@@ -19,7 +19,7 @@ NAMESPACE = "edge"
 # The Kubernetes version the chart is linted for and its manifests validated against.
 KUBE_VERSION = "1.31.0"
 # Prometheus Operator kinds: no Kubernetes schema; their own tests check them.
-CRD_KINDS = {"ServiceMonitor"}
+CRD_KINDS = {"ServiceMonitor", "PrometheusRule"}
 
 Manifest = dict[str, Any]
 
@@ -72,6 +72,19 @@ VALUE_SETS: dict[str, dict[str, Any]] = {
         "autoscaling": {"enabled": True, "targetMemoryUtilizationPercentage": 80},
         "podDisruptionBudget": {"enabled": True, "minAvailable": "50%", "maxUnavailable": None},
         "serviceMonitor": {"enabled": True, "labels": {"release": "prometheus"}, "interval": "15s"},
+        "grafanaDashboard": {
+            "enabled": True,
+            "label": "dashboards.example.com/grafana",
+            "labelValue": "floodgate",
+            "labels": {"team": "edge"},
+            "annotations": {"grafana_folder": "Edge"},
+        },
+        "prometheusRule": {
+            "enabled": True,
+            "labels": {"release": "prometheus"},
+            "alertLabels": {"team": "edge"},
+            "alerts": {"latency": {"threshold": 0.005, "for": "15m"}, "targetDown": {"enabled": False}},
+        },
         "networkPolicy": {
             "enabled": True,
             "grpcFrom": [{"podSelector": {"matchLabels": {"app": "envoy"}}}],

@@ -4,6 +4,7 @@ schema refuses values it does not know."""
 from __future__ import annotations
 
 import re
+import tomllib
 from typing import Any
 
 import helm_python as helm
@@ -11,7 +12,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from chart_support import CHART, CRD_KINDS, KUBE_VERSION, NAMESPACE, VALUE_SETS, manifests, only, render
+from chart_support import CHART, CRD_KINDS, KUBE_VERSION, NAMESPACE, REPO, VALUE_SETS, manifests, only, render
 
 WARNING = 2
 
@@ -30,7 +31,8 @@ def test_rendered_objects_are_valid_kubernetes(name: str) -> None:
     for manifest in objects:
         if manifest["kind"] in CRD_KINDS:
             # The ServiceMonitor is checked against the Service in
-            # test_service_monitor_scrapes_the_http_port.
+            # test_service_monitor_scrapes_the_http_port, the PrometheusRule in
+            # test_observability.py.
             continue
         try:
             kubernetes_validate.validate(manifest, KUBE_VERSION, strict=True)
@@ -47,7 +49,9 @@ def test_defaults_render_the_core_objects_only() -> None:
 
 def test_everything_enabled_renders_every_optional_object() -> None:
     kinds = {o["kind"] for o in manifests(VALUE_SETS["everything_enabled"])}
-    assert {"HorizontalPodAutoscaler", "PodDisruptionBudget", "ServiceMonitor", "NetworkPolicy", "Secret"} <= kinds
+    assert {
+        "HorizontalPodAutoscaler", "PodDisruptionBudget", "ServiceMonitor", "PrometheusRule", "NetworkPolicy", "Secret",
+    } <= kinds
 
 
 def test_pods_run_non_root_on_a_read_only_root_without_capabilities() -> None:
@@ -167,6 +171,13 @@ def test_tracing_values_become_the_standard_otel_variables_and_are_off_by_defaul
         {"tracing": {"protocol": "http/json"}},
         {"tracing": {"samplingRatio": 1.5}},
         {"extraVolumeMounts": [{"name": "redis-ca"}]},
+        {"grafanaDashboard": {"enabled": True, "labelValue": 1}},
+        {"prometheusRule": {"alerts": {"latncy": {"enabled": False}}}},
+        {"prometheusRule": {"alerts": {"latency": {"threshold": "10ms"}}}},
+        {"prometheusRule": {"alerts": {"shedding": {"threshold": 5}}}},
+        {"prometheusRule": {"alerts": {"targetDown": {"for": "five minutes"}}}},
+        {"prometheusRule": {"alerts": {"targetDown": {"for": "5m1h"}}}},
+        {"prometheusRule": {"selector": '{job="floodgate"}'}},
     ],
     ids=lambda values: yaml.safe_dump(values, default_flow_style=True).strip(),
 )
@@ -188,7 +199,10 @@ def test_readme_documents_every_value() -> None:
 
 def value_paths(values: dict[str, Any], prefix: str = "") -> list[str]:
     """Dotted paths of the values, stopping at free-form maps the README describes whole."""
-    whole = {"rules", "settings", "podSecurityContext", "securityContext", "resources", "livenessProbe", "readinessProbe"}
+    whole = {
+        "rules", "settings", "podSecurityContext", "securityContext", "resources", "livenessProbe", "readinessProbe",
+        "prometheusRule.alerts",  # a table of its own, checked by test_readme_documents_every_alert
+    }
     paths = []
     for key, value in values.items():
         path = f"{prefix}{key}"
@@ -216,4 +230,13 @@ def test_notes_tell_envoy_where_the_grpc_service_is() -> None:
     assert "envoy.filters.http.ratelimit" in notes
     assert "cluster_name: floodgate" in notes
     assert "socket_address: { address: rl-floodgate-headless.edge.svc.cluster.local, port_value: 8081 }" in notes
+
+
+def test_chart_metadata_matches_the_crate() -> None:
+    chart = yaml.safe_load((CHART / "Chart.yaml").read_text())
+    crate = tomllib.loads((REPO / "Cargo.toml").read_text())["package"]
+    assert chart["appVersion"] == crate["version"], "the image tag defaults to appVersion"
+    assert chart["annotations"]["artifacthub.io/license"] == crate["license"]
+    assert chart["maintainers"] and all(m["name"] for m in chart["maintainers"])
+    assert chart["kubeVersion"] and chart["description"] and chart["keywords"]
 

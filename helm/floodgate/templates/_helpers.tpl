@@ -118,3 +118,23 @@ reach templates as floats, and 1000000 would otherwise read "1e+06".
 {{- toString . }}
 {{- end }}
 {{- end }}
+
+{{/*
+The PromQL label matchers that select this release's floodgate series: prometheusRule.selector,
+or the namespace and the job label the chart's ServiceMonitor gives them (the Service's name).
+*/}}
+{{- define "floodgate.metricSelector" -}}
+{{- .Values.prometheusRule.selector | default (printf "namespace=%q,job=%q" .Release.Namespace (include "floodgate.fullname" .)) }}
+{{- end }}
+
+{{/*
+An alert's `for` and labels: its severity, then prometheusRule.alertLabels. Called with
+(list root alert).
+*/}}
+{{- define "floodgate.alertMeta" -}}
+{{- $root := index . 0 }}
+{{- $alert := index . 1 -}}
+for: {{ $alert.for }}
+labels:
+  {{- toYaml (merge (dict "severity" $alert.severity) $root.Values.prometheusRule.alertLabels) | nindent 2 }}
+{{- end }}
