@@ -1,12 +1,16 @@
-"""A real floodgate process for the tests, and interceptors that count attempts."""
+"""Real floodgate and redis-server processes for the tests, the server's own count of the
+attempts it answered, and interceptors that count the attempts a client makes."""
 
 from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import tempfile
 import time
+import urllib.request
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
@@ -50,10 +54,36 @@ class Floodgate:
     stdout: IO[bytes]
     stderr: IO[bytes]
     grpc_target: str = ""
+    #: The HTTP port (metrics, /json); it speaks HTTP/2 too, but serves no gRPC service.
+    http_target: str = ""
+
+    def requests_answered(self, code: str) -> int:
+        """How many ShouldRateLimit attempts the server answered with ``code`` (``OK``,
+        ``UNAVAILABLE``, ...), from its /metrics: what reached it, every retry included."""
+        direct = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+        with direct.open(f"http://{self.http_target}/metrics", timeout=10) as page:
+            text = page.read().decode()
+        series = (
+            f'floodgate_requests_total{{protocol="grpc",method="ShouldRateLimit",code="{code}"}} '
+        )
+        for line in text.splitlines():
+            if line.startswith(series):
+                return int(float(line[len(series) :]))
+        return 0
+
+    def freeze(self) -> None:
+        """SIGSTOP: the port still accepts connections (the kernel does), nothing answers."""
+        self.process.send_signal(signal.SIGSTOP)
+
+    def kill(self) -> None:
+        """SIGKILL, at once: the connections it held are reset."""
+        self.process.kill()
+        self.process.wait()
 
     def stop(self) -> None:
         """SIGTERM, then wait for the graceful exit (the port then refuses connections)."""
         if self.process.poll() is None:
+            self.process.send_signal(signal.SIGCONT)
             self.process.send_signal(signal.SIGTERM)
             try:
                 self.process.wait(timeout=15)
@@ -76,8 +106,12 @@ class Floodgate:
         return (self.stdout.read() + self.stderr.read()).decode(errors="replace")
 
 
-def start_floodgate(*extra: str) -> Floodgate:
-    """Starts floodgate on the test rules and waits until it says where it listens."""
+def start_floodgate(*extra: str, settings: Mapping[str, str] | None = None) -> Floodgate:
+    """Starts floodgate on the test rules and waits until it says where it listens.
+
+    ``settings`` are FLOODGATE_* environment variables for the server, such as
+    ``{"FLOODGATE_REDIS_COMMAND_TIMEOUT_MS": "200"}``.
+    """
     stdout, stderr = tempfile.TemporaryFile(), tempfile.TemporaryFile()
     command = [
         str(floodgate_binary()),
@@ -90,7 +124,8 @@ def start_floodgate(*extra: str) -> Floodgate:
         "127.0.0.1:0",
         *extra,
     ]
-    process = subprocess.Popen(command, stdout=stdout, stderr=stderr, env=server_environment())
+    environment = {**server_environment(), **(settings or {})}
+    process = subprocess.Popen(command, stdout=stdout, stderr=stderr, env=environment)
     server = Floodgate(process, stdout, stderr)
     deadline = time.monotonic() + STARTUP_SECONDS
     while time.monotonic() < deadline and server.process.poll() is None:
@@ -98,12 +133,69 @@ def start_floodgate(*extra: str) -> Floodgate:
         if line is not None and line.startswith("floodgate listening:"):
             addresses = dict(part.split("=", 1) for part in line.split()[2:])
             server.grpc_target = addresses["grpc"]
+            server.http_target = addresses["http"]
             return server
         time.sleep(0.02)
     output = server.output()
     server.process.kill()
     server.stop()
     pytest.fail(f"floodgate did not start ({' '.join(command)}):\n{output}", pytrace=False)
+
+
+def free_port() -> int:
+    """A loopback port nothing listens on now."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+@dataclass
+class Redis:
+    """A running redis-server on a free loopback port, without persistence."""
+
+    process: subprocess.Popen[bytes]
+    port: int
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}"
+
+    def freeze(self) -> None:
+        """SIGSTOP: connections stay open and commands go unanswered, so floodgate's calls
+        time out after its script may have run."""
+        self.process.send_signal(signal.SIGSTOP)
+
+    def stop(self) -> None:
+        self.process.kill()
+        self.process.wait()
+
+
+def start_redis() -> Redis:
+    """Starts Debian's redis-server and waits until it answers PING."""
+    port = free_port()
+    command = ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", ""]
+    command += ["--appendonly", "no", "--logfile", "", "--dir", tempfile.gettempdir()]
+    try:
+        process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    except FileNotFoundError:
+        pytest.fail("redis-server not found: apt-get install redis-server", pytrace=False)
+    redis = Redis(process, port)
+    deadline = time.monotonic() + STARTUP_SECONDS
+    while time.monotonic() < deadline and process.poll() is None:
+        if _pongs(port):
+            return redis
+        time.sleep(0.02)
+    redis.stop()
+    pytest.fail(f"redis-server did not answer PING on port {port}", pytrace=False)
+
+
+def _pongs(port: int) -> bool:
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=0.5) as connection:
+            connection.sendall(b"PING\r\n")
+            return connection.recv(7) == b"+PONG\r\n"
+    except OSError:
+        return False
 
 
 class CountingInterceptor(grpc.UnaryUnaryClientInterceptor):

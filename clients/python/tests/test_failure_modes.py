@@ -1,9 +1,13 @@
-"""What the clients decide when floodgate is down: retries with backoff, then the failure mode."""
+"""What the clients decide when floodgate itself cannot answer (stopped, frozen, lost mid-call)
+and which answers raise instead. The retries floodgate's own answers call for are in
+test_retries.py."""
 
 from __future__ import annotations
 
 import asyncio
 import random
+import threading
+import time
 
 import grpc
 import pytest
@@ -11,7 +15,7 @@ from support import DOMAIN, AsyncCountingInterceptor, CountingInterceptor, Flood
 
 from floodgate_client import AsyncClient, Backoff, Client, Decision, FloodgateError
 
-BACKOFF = Backoff(initial=0.02, multiplier=2.0, maximum=0.5)
+QUICK = Backoff(initial=0.001, maximum=0.004)
 
 
 def test_fail_open_allows_a_degraded_decision_once_floodgate_is_down(
@@ -39,37 +43,76 @@ def test_fail_closed_rejects_a_degraded_decision_once_floodgate_is_down(
     assert not after.allowed and after.degraded
 
 
-def test_unavailable_is_retried_with_growing_backoff(own_floodgate: Floodgate) -> None:
-    own_floodgate.stop()
-    attempts = CountingInterceptor()
-    client = Client(
-        own_floodgate.grpc_target,
-        timeout=5.0,
-        retries=3,
-        backoff=BACKOFF,
-        interceptors=[attempts],
-    )
-
-    with client:
-        decision = client.should_rate_limit(DOMAIN, [{"user_id": "retried"}])
-
-    assert decision.degraded
-    assert len(attempts.sent_at) == 4
-    gaps = [later - earlier for earlier, later in zip(attempts.sent_at, attempts.sent_at[1:])]
-    # Each wait is at least half its ceiling: 10 ms, 20 ms, 40 ms.
-    assert all(gap >= BACKOFF.ceiling(retry) / 2 for retry, gap in enumerate(gaps)), gaps
-
-
-def test_retries_zero_makes_a_single_attempt(own_floodgate: Floodgate) -> None:
+def test_a_connection_that_cannot_be_opened_is_decided_at_once(own_floodgate: Floodgate) -> None:
+    """grpcio fails the call without saying whether anything was sent, and a retry within
+    the deadline would meet the same channel in its reconnect backoff: no retry."""
     own_floodgate.stop()
     attempts = CountingInterceptor()
 
-    client = Client(own_floodgate.grpc_target, timeout=5.0, retries=0, interceptors=[attempts])
+    with Client(
+        own_floodgate.grpc_target, timeout=5.0, backoff=QUICK, interceptors=[attempts]
+    ) as client:
+        decision = client.should_rate_limit(DOMAIN, [{"user_id": "refused"}])
 
-    with client:
-        assert client.should_rate_limit(DOMAIN, [{"user_id": "once"}]).degraded
-
+    assert decision.allowed and decision.degraded
     assert len(attempts.sent_at) == 1
+
+
+def test_a_passed_deadline_is_not_retried_and_the_failure_mode_decides(
+    own_floodgate: Floodgate,
+) -> None:
+    own_floodgate.freeze()
+    attempts = CountingInterceptor()
+
+    with Client(
+        own_floodgate.grpc_target,
+        timeout=0.3,
+        failure_mode="closed",
+        max_attempts=4,
+        backoff=QUICK,
+        interceptors=[attempts],
+    ) as client:
+        decision = client.should_rate_limit(DOMAIN, [{"user_id": "frozen"}])
+
+    assert not decision.allowed and decision.degraded
+    assert len(attempts.sent_at) == 1, "no time is left for another attempt"
+
+
+def call_lost_after_sending(server: Floodgate, **options: object) -> Decision:
+    """Sends a call to a frozen floodgate and kills the server once the call is on its way;
+    the failure mode (closed) decides."""
+    attempts = CountingInterceptor()
+    server.freeze()
+    decided: list[Decision] = []
+    with Client(
+        server.grpc_target,
+        timeout=5.0,
+        failure_mode="closed",
+        max_attempts=4,
+        backoff=QUICK,
+        interceptors=[attempts],
+        **options,  # type: ignore[arg-type]
+    ) as client:
+        call = threading.Thread(
+            target=lambda: decided.append(client.should_rate_limit(DOMAIN, [{"user_id": "lost"}]))
+        )
+        call.start()
+        while not attempts.sent_at:
+            time.sleep(0.005)
+        # The kernel accepts for the frozen process: give the request time to be written.
+        time.sleep(0.3)
+        server.kill()
+        call.join()
+    assert len(attempts.sent_at) == 1, "the client's own loop does not send it again"
+    return decided[0]
+
+
+def test_a_connection_lost_after_the_request_went_out_is_not_retried(
+    own_floodgate: Floodgate,
+) -> None:
+    decision = call_lost_after_sending(own_floodgate)
+
+    assert not decision.allowed and decision.degraded
 
 
 def test_invalid_argument_is_raised_without_retrying(floodgate: Floodgate) -> None:
@@ -83,9 +126,21 @@ def test_invalid_argument_is_raised_without_retrying(floodgate: Floodgate) -> No
     assert raised.value.code == grpc.StatusCode.INVALID_ARGUMENT
     assert "empty key" in raised.value.details
     assert len(attempts.sent_at) == 1
+    assert floodgate.requests_answered("INVALID_ARGUMENT") >= 1
 
 
-def test_async_client_retries_then_fails_closed(own_floodgate: Floodgate) -> None:
+def test_an_error_outside_the_fail_open_set_is_raised_not_degraded(floodgate: Floodgate) -> None:
+    # floodgate's HTTP port speaks HTTP/2 too, but serves no gRPC: a 404, UNIMPLEMENTED.
+    with (
+        Client(floodgate.http_target, timeout=5.0) as client,
+        pytest.raises(FloodgateError) as raised,
+    ):
+        client.should_rate_limit(DOMAIN, [{"user_id": "misdirected"}])
+
+    assert raised.value.code == grpc.StatusCode.UNIMPLEMENTED
+
+
+def test_async_client_fails_closed_once_floodgate_is_down(own_floodgate: Floodgate) -> None:
     own_floodgate.stop()
     attempts = AsyncCountingInterceptor()
 
@@ -94,8 +149,6 @@ def test_async_client_retries_then_fails_closed(own_floodgate: Floodgate) -> Non
             own_floodgate.grpc_target,
             timeout=5.0,
             failure_mode="closed",
-            retries=2,
-            backoff=BACKOFF,
             interceptors=[attempts],
         ) as client:
             return await client.should_rate_limit(DOMAIN, [{"user_id": "async"}])
@@ -103,16 +156,34 @@ def test_async_client_retries_then_fails_closed(own_floodgate: Floodgate) -> Non
     decision = asyncio.run(ask())
 
     assert not decision.allowed and decision.degraded
-    assert len(attempts.sent_at) == 3
+    assert len(attempts.sent_at) == 1
 
 
-def test_backoff_delays_are_jittered_within_half_to_all_of_a_growing_ceiling() -> None:
-    backoff = Backoff(initial=0.01, multiplier=3.0, maximum=0.2)
+def test_async_client_raises_an_error_outside_the_fail_open_set(floodgate: Floodgate) -> None:
+    async def ask() -> Decision:
+        async with AsyncClient(floodgate.http_target, timeout=5.0) as client:
+            return await client.should_rate_limit(DOMAIN, [{"user_id": "misdirected"}])
+
+    with pytest.raises(FloodgateError) as raised:
+        asyncio.run(ask())
+
+    assert raised.value.code == grpc.StatusCode.UNIMPLEMENTED
+
+
+@pytest.mark.parametrize("max_attempts", [0, 6, 2.5])
+def test_max_attempts_outside_one_to_five_is_refused(max_attempts: object) -> None:
+    with pytest.raises(ValueError, match="max_attempts"):
+        Client("127.0.0.1:1", max_attempts=max_attempts)  # type: ignore[arg-type]
+
+
+def test_backoff_waits_are_drawn_below_a_ceiling_that_doubles_up_to_the_maximum() -> None:
+    backoff = Backoff(initial=0.01, maximum=0.05)
     rng = random.Random(7)
 
-    delays = [[backoff.delay(retry, rng) for _ in range(200)] for retry in range(4)]
+    waits = [[backoff.delay(retry, rng) for _ in range(200)] for retry in range(1, 5)]
 
-    for retry, samples in enumerate(delays):
-        ceiling = min(0.2, 0.01 * 3.0**retry)
-        assert all(ceiling / 2 <= d <= ceiling for d in samples)
-        assert len(set(samples)) > 100, "delays are jittered, not fixed"
+    for retry, samples in enumerate(waits, start=1):
+        ceiling = min(0.05, 0.01 * 2 ** (retry - 1))
+        assert all(0 <= wait <= ceiling for wait in samples)
+        assert min(samples) < ceiling / 4, "full jitter: a wait can be far below its ceiling"
+        assert len(set(samples)) > 100, "waits are jittered, not fixed"

@@ -12,7 +12,7 @@ import grpc.aio
 from ._proto.envoy.service.ratelimit.v3 import rls_pb2_grpc
 from ._wire import Descriptor, build_request, decision_from_response
 from .decision import Decision
-from .policy import Backoff, CallPolicy, FailureMode
+from .policy import Backoff, CallPolicy, FailureMode, remaining
 
 
 class AsyncClient:
@@ -30,17 +30,20 @@ class AsyncClient:
         *,
         timeout: float = 0.02,
         failure_mode: FailureMode = "open",
-        retries: int = 2,
+        max_attempts: int = 3,
         backoff: Backoff = Backoff(),
+        retry_possibly_counted: bool = False,
         credentials: grpc.ChannelCredentials | None = None,
         interceptors: Sequence[grpc.aio.ClientInterceptor] = (),
         options: Sequence[tuple[str, object]] = (),
     ) -> None:
-        self._policy = CallPolicy(timeout, failure_mode, retries, backoff)
+        self._policy = CallPolicy(
+            timeout, failure_mode, max_attempts, backoff, retry_possibly_counted
+        )
         self._target = target
         self._credentials = credentials
         self._interceptors = list(interceptors)
-        self._options = list(options)
+        self._options = [*self._policy.channel_options(), *options]
         self._channel: grpc.aio.Channel | None = None
         self._stub: rls_pb2_grpc.RateLimitServiceStub | None = None
 
@@ -50,16 +53,17 @@ class AsyncClient:
         """Counts ``hits`` against every descriptor of ``domain``; see ``Client``."""
         request = build_request(domain, descriptors, hits)
         stub = self._connected_stub()
-        retry = 0
+        deadline = self._policy.deadline()
+        attempt = 1
         while True:
             try:
-                response = await stub.ShouldRateLimit(request, timeout=self._policy.timeout)
+                response = await stub.ShouldRateLimit(request, timeout=remaining(deadline))
             except grpc.RpcError as error:
-                delay = self._policy.retry_delay(error, retry)
+                delay = self._policy.next_delay(error, attempt, deadline)
                 if delay is None:
                     return self._policy.give_up(error)
                 await asyncio.sleep(delay)
-                retry += 1
+                attempt += 1
             else:
                 return decision_from_response(response)
 

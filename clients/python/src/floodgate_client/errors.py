@@ -8,9 +8,10 @@ import grpc
 class FloodgateError(Exception):
     """floodgate refused the request itself, or the client is set up wrong.
 
-    Raised for errors that would repeat on every attempt (a bad request, a server that is
-    not floodgate, missing credentials) instead of applying the failure mode: failing open
-    on a bug would hide it. ``details`` is the server's own message.
+    Raised for every status but UNAVAILABLE and DEADLINE_EXCEEDED (which the failure mode
+    decides): a bad request (INVALID_ARGUMENT), a server that is not a rate-limit service
+    (UNIMPLEMENTED), refused credentials, a server bug. These would repeat on every attempt,
+    and failing open on them would hide them. ``details`` is the server's own message.
     """
 
     def __init__(self, code: grpc.StatusCode, details: str) -> None:
