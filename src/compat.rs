@@ -264,6 +264,9 @@ impl<'a> Translator<'a> {
 
     fn behaviour(&mut self) -> Result<(), CompatError> {
         self.copy("NEAR_LIMIT_RATIO", "near_limit_ratio");
+        if self.flag("REDIS_HEALTH_CHECK_ACTIVE_CONNECTION")? {
+            self.set("readiness_follows_backend", "true");
+        }
         if self.flag("SHADOW_MODE")? {
             self.set("shadow_mode", "true");
         }

@@ -2,7 +2,8 @@
 //! loaded rules for operators.
 //!
 //! - `GET /healthz`: 200 while the process runs.
-//! - `GET /readyz`: 200 while serving, 503 while the backend fails or once shutdown began.
+//! - `GET /readyz`: 200 while serving, 503 once shutdown began (and, with
+//!   `readiness_follows_backend`, while the backend fails); the body says the backend's state.
 //! - `GET /healthcheck`: `/readyz` under envoyproxy/ratelimit's name (Envoy Gateway's and
 //!   Istio's probes ask it).
 //! - `POST /json`: a protobuf-JSON `RateLimitRequest`; 200 OK, 429 over limit, 400 bad
@@ -25,6 +26,7 @@ use axum::routing::{get, post};
 use crate::metrics::{self, Endpoint};
 use crate::proto::envoy::service::ratelimit::v3::RateLimitRequest;
 use crate::proto::envoy::service::ratelimit::v3::rate_limit_response::Code;
+use crate::server::Readiness;
 use crate::service::{DecideError, RateLimiter, grpc};
 
 /// What the HTTP handlers share.
@@ -33,6 +35,8 @@ pub struct HttpState {
     pub limiter: Arc<RateLimiter>,
     /// False once shutdown began.
     pub ready: Arc<AtomicBool>,
+    /// Whether the backend's state makes the server unready.
+    pub readiness: Readiness,
 }
 
 pub fn router(state: HttpState) -> Router {
@@ -53,14 +57,22 @@ pub fn metrics_router(state: HttpState) -> Router {
         .with_state(state)
 }
 
+/// Ready while serving; the body's second line is the backend's state either way.
 async fn readyz(State(state): State<HttpState>) -> Response {
     if !state.ready.load(Ordering::Acquire) {
-        (StatusCode::SERVICE_UNAVAILABLE, "shutting down\n").into_response()
-    } else if !state.limiter.backend().healthy() {
-        (StatusCode::SERVICE_UNAVAILABLE, "backend unavailable\n").into_response()
-    } else {
-        (StatusCode::OK, "ready\n").into_response()
+        return (StatusCode::SERVICE_UNAVAILABLE, "shutting down\n").into_response();
     }
+    let backend_up = state.limiter.backend().healthy();
+    let backend = if backend_up {
+        "backend: up"
+    } else {
+        "backend: circuit open (each rule's on_backend_error answers)"
+    };
+    if !backend_up && state.readiness == Readiness::FollowsBackend {
+        let body = format!("backend unavailable\n{backend}\n");
+        return (StatusCode::SERVICE_UNAVAILABLE, body).into_response();
+    }
+    (StatusCode::OK, format!("ready\n{backend}\n")).into_response()
 }
 
 async fn rlconfig(State(state): State<HttpState>) -> String {

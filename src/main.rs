@@ -18,7 +18,7 @@ use floodgate::backend::{
 use floodgate::clock::SystemClock;
 use floodgate::reload::{Hangups, Reloader};
 use floodgate::rules::{DEFAULT_RULES_MAX_BYTES, Origin, RuleFiles, RuleSet};
-use floodgate::server::{AdminEndpoint, Endpoints, GrpcEndpoint};
+use floodgate::server::{AdminEndpoint, Endpoints, GrpcEndpoint, Readiness};
 use floodgate::service::{RateLimiter, ServiceOptions};
 use floodgate::settings::{BackendKind, HeaderStyle, LogFormat, Overrides, RulesSource, Settings};
 use floodgate::telemetry::Telemetry;
@@ -399,7 +399,13 @@ async fn serve(settings: Settings) -> anyhow::Result<()> {
         admin,
     };
     let traced = limiter.clone();
-    let mut running = server::start(limiter, endpoints, settings.connection_limits).await?;
+    let readiness = if settings.readiness_follows_backend {
+        Readiness::FollowsBackend
+    } else {
+        Readiness::Serving
+    };
+    let mut running =
+        server::start(limiter, endpoints, settings.connection_limits, readiness).await?;
     let reload_interval = (settings.rules_reload_interval_ms > 0)
         .then(|| Duration::from_millis(settings.rules_reload_interval_ms));
     match reloader {

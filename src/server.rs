@@ -58,6 +58,17 @@ pub struct AdminEndpoint {
     pub tls: Option<Arc<ServerTls>>,
 }
 
+/// What readiness (`/readyz`, gRPC health) reflects.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Readiness {
+    /// Ready while the server serves (its rules loaded, its listeners up): with the backend
+    /// failing, each rule's `on_backend_error` still answers, so the replica stays in the
+    /// Service and its policies get to answer.
+    Serving,
+    /// Also unready while the backend's circuit is open (`readiness_follows_backend`).
+    FollowsBackend,
+}
+
 /// Where a listener is bound.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum BoundAddr {
@@ -109,11 +120,12 @@ const OVERLOAD_CONNECTION_WINDOW: u32 = 16 << 20;
 const OVERLOAD_PENDING_RESETS: usize = 1024;
 
 /// Binds the `endpoints` (port 0 picks a free port) and starts serving, each connection
-/// held to `limits`.
+/// held to `limits`, ready as `readiness` says.
 pub async fn start(
     limiter: Arc<RateLimiter>,
     endpoints: Endpoints,
     limits: ConnectionLimits,
+    readiness: Readiness,
 ) -> anyhow::Result<RunningServer> {
     let Endpoints {
         grpc,
@@ -174,7 +186,7 @@ pub async fn start(
 
     let (stop, stopped) = watch::channel(false);
     let ready = Arc::new(AtomicBool::new(true));
-    let watcher = tokio::spawn(watch_backend(limiter.clone(), health.clone()));
+    let watcher = tokio::spawn(watch_backend(limiter.clone(), health.clone(), readiness));
     let timeouts = Timeouts {
         handshake: millis(limits.handshake_timeout_ms),
         idle: millis(limits.idle_timeout_ms),
@@ -216,6 +228,7 @@ pub async fn start(
     let state = HttpState {
         limiter,
         ready: ready.clone(),
+        readiness,
     };
     let metrics = metrics_listener.map(|listener| {
         serve_http(
@@ -358,25 +371,39 @@ async fn serve_http(
     graceful.shutdown().await;
 }
 
-/// Turns health NOT_SERVING while the backend fails (its circuit is open) and SERVING when
-/// it answers again, probing an open circuit so recovery needs no traffic.
-async fn watch_backend(limiter: Arc<RateLimiter>, health: tonic_health::server::HealthReporter) {
-    let mut serving = true;
+/// Probes an open circuit so the backend's recovery needs no traffic, logs the backend's
+/// changes, and with [`Readiness::FollowsBackend`] turns health NOT_SERVING while the
+/// backend fails and SERVING when it answers again.
+async fn watch_backend(
+    limiter: Arc<RateLimiter>,
+    health: tonic_health::server::HealthReporter,
+    readiness: Readiness,
+) {
+    let mut healthy = true;
     let mut ticks = tokio::time::interval(HEALTH_INTERVAL);
     loop {
         ticks.tick().await;
         let backend = limiter.backend();
         backend.probe_if_due().await;
-        let healthy = backend.healthy();
-        if healthy != serving {
-            serving = healthy;
+        let now = backend.healthy();
+        if now == healthy {
+            continue;
+        }
+        healthy = now;
+        if readiness == Readiness::FollowsBackend {
             let status = if healthy {
                 tonic_health::ServingStatus::Serving
             } else {
                 tonic_health::ServingStatus::NotServing
             };
-            tracing::info!(?status, "backend health changed");
+            tracing::info!(?status, "backend health changed; readiness follows it");
             set_health(&health, status).await;
+        } else if healthy {
+            tracing::info!("backend answers again");
+        } else {
+            tracing::info!(
+                "backend unavailable; still ready, each rule's on_backend_error answers"
+            );
         }
     }
 }

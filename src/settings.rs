@@ -295,6 +295,10 @@ pub struct Settings {
     pub log_format: LogFormat,
     /// Seconds in-flight requests get to finish after SIGTERM/SIGINT.
     pub shutdown_grace: u64,
+    /// Also turn unready (`/readyz` 503, gRPC health NOT_SERVING) while the backend's
+    /// circuit is open. Off: readiness says whether floodgate can answer, which it can, by
+    /// each rule's `on_backend_error` (upstream's `REDIS_HEALTH_CHECK_ACTIVE_CONNECTION`).
+    pub readiness_follows_backend: bool,
 }
 
 /// `on_backend_error` as a settings value.
@@ -364,6 +368,7 @@ impl Default for Settings {
             connection_limits: ConnectionLimits::default(),
             log_format: LogFormat::Text,
             shutdown_grace: 10,
+            readiness_follows_backend: false,
         }
     }
 }

@@ -241,7 +241,7 @@ async fn a_hung_redis_answers_within_the_command_timeout() {
 }
 
 #[tokio::test]
-async fn an_open_circuit_answers_at_once_and_health_follows_the_backend() {
+async fn an_open_circuit_answers_at_once_and_health_follows_the_backend_when_asked() {
     use tonic_health::pb::HealthCheckRequest;
     use tonic_health::pb::health_check_response::ServingStatus;
     use tonic_health::pb::health_client::HealthClient;
@@ -254,6 +254,8 @@ async fn an_open_circuit_answers_at_once_and_health_follows_the_backend() {
             ("FLOODGATE_REDIS_COMMAND_TIMEOUT_MS", "200"),
             ("FLOODGATE_REDIS_BREAKER_WINDOW_MS", "500"),
             ("FLOODGATE_REDIS_BREAKER_COOLDOWN_MS", "300"),
+            // Opted in: by default readiness stays (tests/readiness.rs).
+            ("FLOODGATE_READINESS_FOLLOWS_BACKEND", "true"),
         ],
     );
     let ask = request("policy", vec![descriptor(&[("open_rule", "breaker")])]);

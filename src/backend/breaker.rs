@@ -20,6 +20,12 @@
 //! the command timeout, so a dead Redis costs nothing and nothing piles up. Once `cooldown`
 //! has passed, exactly one request (or the background probe) is let through; an answer closes
 //! the breaker, a failure or a timeout opens it for another cooldown.
+//!
+//! **Logged with its cause.** Opening logs the error of the last failure (a wrong password,
+//! a refused connection), and a backend that keeps failing its probes logs that it still
+//! does, with the error: at most one line per [`LOG_INTERVAL`] for the same error, per
+//! [`CHANGED_ERROR_INTERVAL`] for a new one, the rest counted into the next line, so a
+//! flapping or long outage cannot flood the log.
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -74,7 +80,20 @@ pub struct Breaker {
     /// When the open breaker next admits a probe; 0 while closed.
     open_until: AtomicU64,
     probing: AtomicBool,
+    /// The error of the latest failure or timeout, for the log line that says why.
+    last_error: Mutex<Option<String>>,
+    /// When a line about an opening or a failed probe was last logged, and its error; how
+    /// many went unlogged since.
+    logged: Mutex<Option<(u64, String)>>,
+    unlogged: AtomicU64,
 }
+
+/// The least time between two log lines about the breaker opening or staying open, for
+/// the same error.
+pub const LOG_INTERVAL: Duration = Duration::from_secs(10);
+
+/// The same, when the error changed (a refused connection turned into a refused password).
+pub const CHANGED_ERROR_INTERVAL: Duration = Duration::from_secs(1);
 
 impl Breaker {
     pub fn new(
@@ -96,7 +115,18 @@ impl Breaker {
             silent_since: AtomicU64::new(0),
             open_until: AtomicU64::new(0),
             probing: AtomicBool::new(false),
+            last_error: Mutex::new(None),
+            logged: Mutex::new(None),
+            unlogged: AtomicU64::new(0),
         }
+    }
+
+    /// Keeps `error`, the cause of a call's failure or timeout, for the next log line.
+    pub fn note_error(&self, error: &dyn std::fmt::Display) {
+        *self
+            .last_error
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner) = Some(error.to_string());
     }
 
     /// This breaker's clock: when a call starts, for [`record`](Self::record).
@@ -193,18 +223,49 @@ impl Breaker {
 
     fn open(&self, now: u64, why: &'static str) {
         let until = now.saturating_add(self.cooldown_micros).max(1);
-        if self.open_until.swap(until, Ordering::AcqRel) == 0 {
-            tracing::warn!(
-                reason = why,
-                "circuit open: answering by each rule's on_backend_error"
-            );
-        }
+        let was_closed = self.open_until.swap(until, Ordering::AcqRel) == 0;
+        self.log_opening(now, why, was_closed);
         self.silent_since.store(0, Ordering::Release);
         self.failures
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .clear();
         self.probing.store(false, Ordering::Release);
+    }
+
+    /// Logs an opening (or, while open, a failed probe) with the last error, unless a line
+    /// went out within [`LOG_INTERVAL`] ([`CHANGED_ERROR_INTERVAL`] when the error is not the
+    /// one last logged): then it is counted into the next one.
+    fn log_opening(&self, now: u64, why: &'static str, opened: bool) {
+        let micros = |d: Duration| u64::try_from(d.as_micros()).unwrap_or(u64::MAX);
+        let error = (self
+            .last_error
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner))
+        .clone()
+        .unwrap_or_else(|| "none recorded".into());
+        let mut logged = self.logged.lock().unwrap_or_else(PoisonError::into_inner);
+        let due = match &*logged {
+            None => true,
+            Some((at, same)) if *same == error => now.saturating_sub(*at) >= micros(LOG_INTERVAL),
+            Some((at, _)) => now.saturating_sub(*at) >= micros(CHANGED_ERROR_INTERVAL),
+        };
+        if !due {
+            self.unlogged.fetch_add(1, Ordering::AcqRel);
+            return;
+        }
+        let unlogged = self.unlogged.swap(0, Ordering::AcqRel);
+        if opened {
+            tracing::warn!(
+                reason = why,
+                %error,
+                unlogged,
+                "circuit open: answering by each rule's on_backend_error"
+            );
+        } else {
+            tracing::warn!(%error, unlogged, "backend still failing: circuit stays open");
+        }
+        *logged = Some((now, error));
     }
 
     pub fn state(&self) -> BreakerState {

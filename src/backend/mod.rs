@@ -361,6 +361,11 @@ impl Backend {
         match outcome(&results) {
             Some(outcome) => {
                 self.stats.record_call(started.elapsed(), &results);
+                if outcome != Outcome::Answered
+                    && let Some(error) = results.iter().find_map(|result| result.as_ref().err())
+                {
+                    breaker.note_error(error);
+                }
                 breaker.record(admission, outcome, since);
             }
             None => {
@@ -422,8 +427,13 @@ impl Backend {
             let since = breaker.now();
             let outcome = match self.store.probe().await {
                 Ok(()) => Outcome::Answered,
-                Err(BackendError::Timeout(_)) => Outcome::TimedOut,
-                Err(_) => Outcome::Failed,
+                Err(error) => {
+                    breaker.note_error(&error);
+                    match error {
+                        BackendError::Timeout(_) => Outcome::TimedOut,
+                        _ => Outcome::Failed,
+                    }
+                }
             };
             breaker.record(admission, outcome, since);
         }

@@ -1,0 +1,145 @@
+//! Readiness says whether floodgate can answer, not whether Redis can: against a real
+//! `redis-server` that dies, the replica stays ready (`/readyz`, `/healthcheck`, gRPC
+//! health) while every rule's `on_backend_error` answers, `/readyz` and the metrics report
+//! the backend's state, and the error that opened the circuit is logged, a password changed
+//! under a running server included. `readiness_follows_backend` (upstream's
+//! `REDIS_HEALTH_CHECK_ACTIVE_CONNECTION`) ties readiness to the backend instead; its test
+//! is `tests/redis_backend.rs`'
+//! `an_open_circuit_answers_at_once_and_health_follows_the_backend_when_asked`.
+
+mod harness;
+mod redis_harness;
+
+use std::time::{Duration, Instant};
+
+use deadpool_redis::redis;
+use harness::{Floodgate, OK, OVER_LIMIT, POLICIES, descriptor, request};
+use redis_harness::RedisServer;
+use tonic_health::pb::HealthCheckRequest;
+use tonic_health::pb::health_check_response::ServingStatus;
+use tonic_health::pb::health_client::HealthClient;
+
+fn start(redis: &RedisServer) -> Floodgate {
+    Floodgate::start_with_env(
+        &[("rules.yaml", POLICIES)],
+        &["--backend", "redis", "--redis-url", &redis.url()],
+        &[
+            ("FLOODGATE_REDIS_COMMAND_TIMEOUT_MS", "300"),
+            ("FLOODGATE_REDIS_BREAKER_FAILURES", "3"),
+            ("FLOODGATE_REDIS_BREAKER_COOLDOWN_MS", "200"),
+        ],
+    )
+}
+
+fn ask(key: &str) -> floodgate::proto::envoy::service::ratelimit::v3::RateLimitRequest {
+    request("policy", vec![descriptor(&[(key, "x")])])
+}
+
+/// Sends requests on `error_rule` until `/readyz` reports the circuit open; its body.
+async fn until_the_circuit_opens(server: &Floodgate) -> (u16, String) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let _ = server.ask_err(ask("error_rule")).await;
+        let (status, body) = server.http("GET", "/readyz", "");
+        if body.contains("circuit open") {
+            return (status, body);
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the circuit never opened: {body}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+async fn grpc_health(server: &Floodgate, service: &str) -> i32 {
+    let channel = tonic::transport::Endpoint::from_shared(format!("http://{}", server.grpc_addr))
+        .expect("an endpoint")
+        .connect()
+        .await
+        .expect("the gRPC port");
+    let check = HealthCheckRequest {
+        service: service.into(),
+    };
+    let answer = HealthClient::new(channel).check(check).await;
+    answer.expect("a health answer").into_inner().status
+}
+
+#[tokio::test]
+async fn with_redis_dead_the_replica_stays_ready_and_every_policy_answers() {
+    let redis = RedisServer::start();
+    let server = start(&redis);
+    assert_eq!(server.ask(ask("error_rule")).await.overall_code, OK);
+    assert_eq!(
+        server.http("GET", "/readyz", ""),
+        (200, "ready\nbackend: up\n".into())
+    );
+    drop(redis);
+
+    let (status, body) = until_the_circuit_opens(&server).await;
+    assert_eq!(status, 200, "{body}");
+    assert!(body.starts_with("ready\n"), "{body}");
+    assert_eq!(server.http("GET", "/healthcheck", "").0, 200);
+    for service in ["", "envoy.service.ratelimit.v3.RateLimitService"] {
+        assert_eq!(
+            grpc_health(&server, service).await,
+            ServingStatus::Serving as i32,
+            "{service:?}"
+        );
+    }
+    // The policies answer, which they could not from a replica the Service had dropped.
+    let refused = server.ask_err(ask("error_rule")).await;
+    assert_eq!(refused.code(), tonic::Code::Unavailable);
+    assert_eq!(server.ask(ask("open_rule")).await.overall_code, OK);
+    let closed = server.ask(ask("closed_rule")).await.overall_code;
+    assert_eq!(closed, OVER_LIMIT);
+    assert_eq!(server.ask(ask("local_rule")).await.overall_code, OK);
+
+    let (_, metrics) = server.http("GET", "/metrics", "");
+    assert!(
+        metrics.contains("floodgate_backend_circuit_open 1"),
+        "{metrics}"
+    );
+    let log = server.wait_for_log("circuit open");
+    let opened = (log.lines())
+        .find(|line| line.contains("circuit open"))
+        .unwrap_or_default();
+    assert!(
+        opened.contains("Connection refused") || opened.contains("broken pipe"),
+        "the opening names its cause: {opened}"
+    );
+}
+
+#[tokio::test]
+async fn a_password_set_under_a_running_server_is_logged_as_the_circuits_cause() {
+    let redis = RedisServer::start();
+    let server = start(&redis);
+    assert_eq!(server.ask(ask("error_rule")).await.overall_code, OK);
+    // The operator rotates the password and the connections drop; floodgate's reconnect
+    // is refused for want of it.
+    let mut admin = redis.connection().await;
+    let rotated: () = redis::cmd("CONFIG")
+        .arg(&["SET", "requirepass", "rotated-0123"])
+        .query_async(&mut admin)
+        .await
+        .expect("CONFIG SET");
+    let _: i64 = redis::cmd("CLIENT")
+        .arg(&["KILL", "TYPE", "normal", "SKIPME", "yes"])
+        .query_async(&mut admin)
+        .await
+        .expect("CLIENT KILL");
+    let () = rotated;
+
+    until_the_circuit_opens(&server).await;
+    // The broken connections may open it; the refusal follows within the changed-error
+    // interval, from the probes. (Redis refuses the script's large argument from a client
+    // that has not authenticated before it can say NOAUTH.)
+    let log = server.wait_for_log("unauthenticated");
+    let cause = (log.lines())
+        .find(|line| line.contains("unauthenticated"))
+        .unwrap_or_default();
+    assert!(
+        cause.contains("circuit open") || cause.contains("still failing"),
+        "the circuit's log line says why Redis refuses: {cause}"
+    );
+}
