@@ -15,18 +15,20 @@ fi
 # Real Redis for the redis backend and Lua tests, faketime to skew a server's clock, the
 # openssl command for the TLS tests' certificates, prlimit (util-linux) to start floodgate at
 # a small descriptor limit, and ip (iproute2) with iptables to partition a Redis in a network
-# namespace of its own (Debian's packages).
+# namespace of its own (Debian's packages); the image tests copy the system's CA bundle and
+# time zones into the root filesystem they assemble.
 if ! need redis-server || ! need redis-cli || ! need faketime || ! need openssl || ! need prlimit \
-    || ! need ip || ! need iptables; then
+    || ! need ip || ! need iptables || [ ! -f /etc/ssl/certs/ca-certificates.crt ] \
+    || [ ! -d /usr/share/zoneinfo ]; then
     if [ "$(id -u)" = 0 ] && need apt-get; then
-        echo "== installing redis-server, redis-tools, faketime, openssl, util-linux, iproute2, iptables"
+        echo "== installing redis-server, redis-tools, faketime, openssl, util-linux, iproute2, iptables, ca-certificates, tzdata"
         apt-get update -qq
         DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server redis-tools faketime openssl \
-            util-linux iproute2 iptables >/dev/null
+            util-linux iproute2 iptables ca-certificates tzdata >/dev/null
         # The package may start a system-wide server; the tests start their own.
         service redis-server stop >/dev/null 2>&1 || true
     else
-        echo "required: apt-get install redis-server redis-tools faketime openssl util-linux iproute2 iptables" >&2
+        echo "required: apt-get install redis-server redis-tools faketime openssl util-linux iproute2 iptables ca-certificates tzdata" >&2
         exit 1
     fi
 fi
@@ -78,13 +80,21 @@ echo "== rule-file JSON Schema (every rule file in the repo; schema and check-co
 .venv/bin/pip install -q pytest jsonschema==4.26.0 PyYAML==6.0.3
 .venv/bin/python -m pytest -q tests/schema
 
+echo "== Container image and compose example (no container engine: the image's root filesystem run by chroot, vendoring, the compose services as processes)"
+.venv/bin/pip install -q pyyaml==6.0.3
+.venv/bin/python -m pytest -q tests/image
+
 echo "== TypeScript client"
 if ! need npm; then
     if [ "$(id -u)" = 0 ] && need apt-get; then
         DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nodejs npm >/dev/null
     else
-        echo "required: Node.js 18+ with npm" >&2
+        echo "required: Node.js with npm (the package targets Node 22+; its tests also run on 20)" >&2
         exit 1
     fi
 fi
 (cd clients/typescript && npm ci --no-audit --no-fund --loglevel=error && npm test)
+
+echo "== Packages from a clean clone (crate, sdist and wheels, npm tarball)"
+.venv/bin/pip install -q build
+.venv/bin/python -m pytest -q tests/packaging
