@@ -1,15 +1,16 @@
 /**
- * How long to wait before retry number `retry` (0 for the first): exponential in the retry
- * number, with "equal jitter" — half of the step is fixed and half random — so that clients
- * that failed together do not come back together, yet every retry still waits a little.
+ * The pause before retry number `retry` (1 for the first): drawn at random between zero and
+ * `initialMs × 2^(retry-1)`, capped at `maxMs` ("full jitter"), so that clients that failed
+ * together do not come back together.
  */
 export function backoffDelayMs(
   retry: number,
-  baseMs: number,
+  initialMs: number,
+  maxMs: number,
   random: () => number = Math.random,
 ): number {
-  const step = baseMs * 2 ** retry;
-  return step / 2 + random() * (step / 2);
+  const ceiling = Math.min(maxMs, initialMs * 2 ** (retry - 1));
+  return random() * ceiling;
 }
 
 export function sleep(ms: number): Promise<void> {

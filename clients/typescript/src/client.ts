@@ -1,5 +1,5 @@
 import * as grpc from "@grpc/grpc-js";
-import { backoffDelayMs, sleep } from "./backoff";
+import { sleep } from "./backoff";
 import { decisionFromResponse, degradedDecision, type Decision } from "./decision";
 import { toWireDescriptor, type Descriptor } from "./descriptor";
 import { FloodgateError } from "./errors";
@@ -9,26 +9,44 @@ import {
   type RateLimitResponse,
   type RateLimitServiceClient,
 } from "./proto";
+import { failsOpen, RetryPolicy } from "./retry";
 
 /**
- * What to decide when floodgate cannot answer (UNAVAILABLE after every retry, or a deadline
- * exceeded): "open" allows the request, "closed" rejects it. Either way the decision is
- * marked `degraded`.
+ * What to decide when floodgate cannot answer (UNAVAILABLE after the retries that are allowed,
+ * or the deadline passing): "open" allows the request, "closed" rejects it. Either way the
+ * decision is marked `degraded`. Never applied to any other error.
  */
 export type FailureMode = "open" | "closed";
 
 export interface FloodgateClientOptions {
-  /** Deadline of each attempt, in milliseconds. Default 20. */
+  /**
+   * One deadline over the whole call, in milliseconds: every attempt and every wait between
+   * attempts fits in it, each attempt getting what is left. Default 20.
+   */
   readonly timeoutMs?: number;
   /** Default "open". */
   readonly failureMode?: FailureMode;
-  /** Extra attempts after an UNAVAILABLE answer (never after any other error). Default 2. */
-  readonly retries?: number;
-  /** First backoff step in milliseconds; it doubles with each retry, with jitter. Default 10. */
-  readonly backoffMs?: number;
+  /** Attempts in all, the first included: 1 (no retries) to 5. Default 3. */
+  readonly maxAttempts?: number;
+  /**
+   * The ceiling of the wait before the first retry, in milliseconds; it doubles with each
+   * retry up to `maxBackoffMs`, and the wait is drawn at random below it. Default 2.
+   */
+  readonly initialBackoffMs?: number;
+  /** Default 10. */
+  readonly maxBackoffMs?: number;
+  /**
+   * Also send again an UNAVAILABLE that may already have been counted (floodgate did not
+   * mark it `floodgate-counted: none`): for callers who prefer an answer to an exact count.
+   * gRPC's own retry policy then makes the attempts. Default false: only marked ones are.
+   */
+  readonly retryPossiblyCounted?: boolean;
   /** Channel credentials. Default: plaintext (`grpc.credentials.createInsecure()`). */
   readonly credentials?: grpc.ChannelCredentials;
-  /** Called with every failed attempt (1 for the first), e.g. to log or count failures. */
+  /**
+   * Called with every failed attempt the client makes itself (1 for the first), e.g. to log
+   * or count failures. Under `retryPossiblyCounted` gRPC's attempts are one call to it.
+   */
   readonly onAttemptFailed?: (error: FloodgateError, attempt: number) => void;
 }
 
@@ -43,8 +61,7 @@ export class FloodgateClient {
   readonly #stub: RateLimitServiceClient;
   readonly #timeoutMs: number;
   readonly #failureMode: FailureMode;
-  readonly #retries: number;
-  readonly #backoffMs: number;
+  readonly #retry: RetryPolicy;
   readonly #onAttemptFailed: ((error: FloodgateError, attempt: number) => void) | undefined;
   #closed = false;
 
@@ -52,10 +69,18 @@ export class FloodgateClient {
   constructor(target: string, options: FloodgateClientOptions = {}) {
     this.#timeoutMs = positive("timeoutMs", options.timeoutMs ?? 20);
     this.#failureMode = failureMode(options.failureMode ?? "open");
-    this.#retries = count("retries", options.retries ?? 2);
-    this.#backoffMs = nonNegative("backoffMs", options.backoffMs ?? 10);
+    this.#retry = new RetryPolicy({
+      maxAttempts: options.maxAttempts ?? 3,
+      initialBackoffMs: options.initialBackoffMs ?? 2,
+      maxBackoffMs: options.maxBackoffMs ?? 10,
+      retryPossiblyCounted: options.retryPossiblyCounted ?? false,
+    });
     this.#onAttemptFailed = options.onAttemptFailed;
-    this.#stub = createStub(target, options.credentials ?? grpc.credentials.createInsecure());
+    this.#stub = createStub(
+      target,
+      options.credentials ?? grpc.credentials.createInsecure(),
+      this.#retry.channelOptions(),
+    );
   }
 
   /**
@@ -74,17 +99,19 @@ export class FloodgateClient {
       descriptors: descriptors.map(toWireDescriptor),
       hitsAddend: hitsAddend(hits),
     };
+    const deadline = Date.now() + this.#timeoutMs;
     for (let attempt = 1; ; attempt++) {
       try {
-        return decisionFromResponse(await this.#call(request));
+        return decisionFromResponse(await this.#call(request, deadline));
       } catch (error) {
         const failure = asFloodgateError(error);
         this.#onAttemptFailed?.(failure, attempt);
-        if (failure.code === grpc.status.UNAVAILABLE && attempt <= this.#retries) {
-          await sleep(backoffDelayMs(attempt - 1, this.#backoffMs));
+        const delay = this.#retry.nextDelayMs(failure, attempt, deadline);
+        if (delay !== undefined) {
+          await sleep(delay);
           continue;
         }
-        if (isUnreachable(failure)) {
+        if (failsOpen(failure)) {
           return degradedDecision(this.#failureMode === "open", descriptors.length);
         }
         throw failure;
@@ -98,12 +125,11 @@ export class FloodgateClient {
     this.#stub.close();
   }
 
-  /** One attempt, bounded by its own deadline. */
-  #call(request: RateLimitRequest): Promise<RateLimitResponse> {
+  /** One attempt, bounded by the call's deadline. */
+  #call(request: RateLimitRequest, deadline: number): Promise<RateLimitResponse> {
     if (this.#closed) {
       return Promise.reject(new FloodgateError(grpc.status.CANCELLED, "the client is closed"));
     }
-    const deadline = Date.now() + this.#timeoutMs;
     return new Promise((resolve, reject) => {
       this.#stub.ShouldRateLimit(request, { deadline }, (error, response) => {
         if (error) {
@@ -116,11 +142,6 @@ export class FloodgateClient {
       });
     });
   }
-}
-
-/** The failures the failure mode decides: floodgate did not answer in time, or at all. */
-function isUnreachable(error: FloodgateError): boolean {
-  return error.code === grpc.status.UNAVAILABLE || error.code === grpc.status.DEADLINE_EXCEEDED;
 }
 
 function asFloodgateError(error: unknown): FloodgateError {
@@ -141,20 +162,6 @@ function hitsAddend(hits: number): number {
 function positive(name: string, value: number): number {
   if (!(Number.isFinite(value) && value > 0)) {
     throw new RangeError(`${name} must be a positive number, got ${value}`);
-  }
-  return value;
-}
-
-function nonNegative(name: string, value: number): number {
-  if (!(Number.isFinite(value) && value >= 0)) {
-    throw new RangeError(`${name} must be zero or more, got ${value}`);
-  }
-  return value;
-}
-
-function count(name: string, value: number): number {
-  if (!(Number.isInteger(value) && value >= 0)) {
-    throw new RangeError(`${name} must be a whole number, zero or more, got ${value}`);
   }
   return value;
 }

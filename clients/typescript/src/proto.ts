@@ -37,11 +37,18 @@ function loadDefinitions(): ProtoGrpcType {
   return definitions;
 }
 
-/** A stub for `envoy.service.ratelimit.v3.RateLimitService` at `target` (host:port). */
+/** The service's full name, as gRPC's service config names it. */
+export const SERVICE_NAME = "envoy.service.ratelimit.v3.RateLimitService";
+
+/**
+ * A stub for `envoy.service.ratelimit.v3.RateLimitService` at `target` (host:port), on a
+ * channel with `options` (grpc-js channel options, such as `grpc.service_config`).
+ */
 export function createStub(
   target: string,
   credentials: grpc.ChannelCredentials,
+  options: grpc.ChannelOptions = {},
 ): RateLimitServiceClient {
   const { RateLimitService } = loadDefinitions().envoy.service.ratelimit.v3;
-  return new RateLimitService(target, credentials);
+  return new RateLimitService(target, credentials, options);
 }

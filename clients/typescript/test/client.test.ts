@@ -121,5 +121,12 @@ test("invalid hits and options are refused before anything is sent", async () =>
   await assert.rejects(client.shouldRateLimit(DOMAIN, [{ user_id: "x" }], -1), RangeError);
   await assert.rejects(client.shouldRateLimit(DOMAIN, [{ user_id: "x" }], 1.5), RangeError);
   assert.throws(() => new FloodgateClient(server.grpcTarget, { timeoutMs: 0 }), RangeError);
-  assert.throws(() => new FloodgateClient(server.grpcTarget, { retries: -1 }), RangeError);
+  for (const maxAttempts of [0, 6, 2.5]) {
+    assert.throws(() => new FloodgateClient(server.grpcTarget, { maxAttempts }), RangeError);
+  }
+  assert.throws(() => new FloodgateClient(server.grpcTarget, { initialBackoffMs: 0 }), RangeError);
+  assert.throws(
+    () => new FloodgateClient(server.grpcTarget, { initialBackoffMs: 5, maxBackoffMs: 4 }),
+    RangeError,
+  );
 });
