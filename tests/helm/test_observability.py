@@ -236,6 +236,24 @@ def test_every_series_an_alert_reads_is_narrowed_by_the_selector(values: dict[st
                 assert match.group(1) and match.group(1)[1:].startswith(selector), f"{rule['alert']}: {match.group()}"
 
 
+@pytest.mark.parametrize(
+    ("values", "follows"),
+    [
+        ({}, False),
+        ({"settings": {"readiness_follows_backend": True}}, True),
+        ({"upstreamCompat": {"enabled": True, "env": {"REDIS_HEALTH_CHECK_ACTIVE_CONNECTION": "true"}}}, True),
+        ({"upstreamCompat": {"enabled": True, "env": {"REDIS_HEALTH_CHECK_ACTIVE_CONNECTION": "false"}}}, False),
+    ],
+    ids=["default", "setting", "upstream", "upstream_off"],
+)
+def test_no_ready_replica_counts_an_open_circuit_only_where_it_makes_a_pod_unready(
+    values: dict[str, Any], follows: bool
+) -> None:
+    expr = alerts(manifests(rule_values() | values))["FloodgateNoReadyReplica"]["expr"]
+    assert expr.startswith("absent(")
+    assert ("floodgate_backend_circuit_open" in metric_names(expr)) == follows
+
+
 def test_readme_documents_every_alert() -> None:
     readme = (CHART / "README.md").read_text()
     section = readme.split("## Alerts", 1)[1].split("\n## ", 1)[0]

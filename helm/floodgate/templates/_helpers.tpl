@@ -138,3 +138,17 @@ for: {{ $alert.for }}
 labels:
   {{- toYaml (merge (dict "severity" $alert.severity) $root.Values.prometheusRule.alertLabels) | nindent 2 }}
 {{- end }}
+
+{{/*
+"true" when an unready pod is one whose backend circuit is open: the setting
+readiness_follows_backend, or upstream's REDIS_HEALTH_CHECK_ACTIVE_CONNECTION (a Go boolean)
+under upstreamCompat.
+*/}}
+{{- define "floodgate.readinessFollowsBackend" -}}
+{{- $setting := dig "readiness_follows_backend" false .Values.settings | toString }}
+{{- $upstream := "" }}
+{{- if .Values.upstreamCompat.enabled }}
+{{- $upstream = dig "REDIS_HEALTH_CHECK_ACTIVE_CONNECTION" "" .Values.upstreamCompat.env | toString }}
+{{- end }}
+{{- if or (eq $setting "true") (has $upstream (list "1" "t" "T" "true" "TRUE" "True")) }}true{{ end }}
+{{- end }}
