@@ -47,8 +47,10 @@ COPY lua lua
 # entry point: started under that name, floodgate reads upstream's environment variables
 # (Envoy Gateway and Istio's sample run /bin/ratelimit). The final stage has no shell, so the
 # link is made here.
+# REVISION: the commit `floodgate --version` names (the build context has no .git).
+ARG REVISION=unknown
 RUN --network=none \
-    cargo build --release --frozen --locked --offline --bin floodgate \
+    FLOODGATE_COMMIT="$REVISION" cargo build --release --frozen --locked --offline --bin floodgate \
     && install -D -m 0755 target/release/floodgate /out/usr/local/bin/floodgate \
     && mkdir -p /out/bin \
     && ln -s /usr/local/bin/floodgate /out/bin/ratelimit

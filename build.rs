@@ -3,7 +3,8 @@
 //! gRPC reflection. protoc comes from the `protoc-bin-vendored` crate, so a build needs no
 //! system protobuf compiler.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
+use std::process::Command;
 
 const SERVICE_PROTO: &str = "proto/envoy/service/ratelimit/v3/rls.proto";
 /// Rules over xDS: the Aggregated Discovery Service (floodgate is its client; the tests run
@@ -60,5 +61,37 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .build(&[".envoy"])?;
 
     println!("cargo:rerun-if-changed=proto");
+    announce_commit();
     Ok(())
+}
+
+/// Sets `FLOODGATE_COMMIT`, the commit `floodgate --version` and `floodgate_build_info` name:
+/// the variable's own value when the build sets it (the image builds without `.git`), else
+/// git's HEAD, else `unknown`. Reruns when HEAD moves.
+fn announce_commit() {
+    println!("cargo:rerun-if-env-changed=FLOODGATE_COMMIT");
+    let git = Path::new(".git");
+    if git.is_dir() {
+        println!("cargo:rerun-if-changed=.git/HEAD");
+        let head = std::fs::read_to_string(git.join("HEAD")).unwrap_or_default();
+        if let Some(branch) = head.trim().strip_prefix("ref: ") {
+            println!("cargo:rerun-if-changed=.git/{branch}");
+        }
+        if git.join("packed-refs").exists() {
+            println!("cargo:rerun-if-changed=.git/packed-refs");
+        }
+    }
+    let commit = std::env::var("FLOODGATE_COMMIT")
+        .ok()
+        .filter(|commit| !commit.is_empty())
+        .or_else(|| {
+            let output = Command::new("git")
+                .args(["rev-parse", "--short=12", "HEAD"])
+                .output()
+                .ok()?;
+            let commit = String::from_utf8(output.stdout).ok()?;
+            (output.status.success() && !commit.trim().is_empty()).then(|| commit.trim().into())
+        })
+        .unwrap_or_else(|| "unknown".into());
+    println!("cargo:rustc-env=FLOODGATE_COMMIT={commit}");
 }

@@ -5,6 +5,17 @@
 //! descriptor matching) → [`limiter`] (counter keys and algorithms) → [`backend`] (where the
 //! counters live) → [`service`] (combining the decisions into the response).
 
+/// The server's version and the commit it was built from, as `floodgate --version` prints
+/// them and `floodgate_build_info` labels them.
+pub const VERSION: &str = env!("CARGO_PKG_VERSION");
+pub const COMMIT: &str = env!("FLOODGATE_COMMIT");
+pub const LONG_VERSION: &str = concat!(
+    env!("CARGO_PKG_VERSION"),
+    " (",
+    env!("FLOODGATE_COMMIT"),
+    ")"
+);
+
 pub mod admin;
 pub mod backend;
 pub mod bench;

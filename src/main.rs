@@ -34,7 +34,7 @@ static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 #[derive(Parser)]
 #[command(
     name = "floodgate",
-    version,
+    version = floodgate::LONG_VERSION,
     about = "A gRPC rate-limit decision service for Envoy and microservices"
 )]
 struct Cli {

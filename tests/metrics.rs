@@ -413,6 +413,75 @@ async fn a_dead_redis_shows_in_backend_errors_and_the_breaker_gauge() {
         page.get("floodgate_requests_total", &labels) as u64
     };
     assert_eq!((requests("OK"), requests("UNAVAILABLE")), (6, 1));
+    // Upstream's series for the same failure.
+    let upstream = |err_type: &str| {
+        page.get(
+            "ratelimit_service_should_rate_limit_error",
+            &[("err_type", err_type)],
+        ) as u64
+    };
+    assert_eq!((upstream("redis_error"), upstream("service_error")), (1, 0));
+}
+
+#[tokio::test]
+async fn a_malformed_request_counts_as_upstreams_service_error() {
+    let server = Floodgate::start(&[("policies.yaml", POLICIES)], &[]);
+    let empty_domain = request("", vec![descriptor(&[("open_rule", "x")])]);
+    assert_eq!(
+        server.ask_err(empty_domain).await.code(),
+        tonic::Code::InvalidArgument
+    );
+    let page = scrape(&server).await;
+    let labels = [("err_type", "service_error")];
+    assert_eq!(
+        page.get("ratelimit_service_should_rate_limit_error", &labels),
+        1.0
+    );
+}
+
+#[tokio::test]
+async fn the_build_and_the_process_are_on_the_page() {
+    let server = Floodgate::start(&[("policies.yaml", POLICIES)], &[]);
+    let page = scrape(&server).await;
+    let (version, commit) = harness::built_version();
+    let build = [("version", version.as_str()), ("commit", commit.as_str())];
+    assert_eq!(page.get("floodgate_build_info", &build), 1.0);
+    assert!(page.get("process_resident_memory_bytes", &[]) > 1e6);
+    assert!(page.get("process_open_fds", &[]) >= 3.0);
+    assert!(page.get("process_max_fds", &[]) >= page.get("process_open_fds", &[]));
+    assert!(page.get("process_cpu_seconds_total", &[]) > 0.0);
+    let started = page.get("process_start_time_seconds", &[]);
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("after 1970")
+        .as_secs_f64();
+    assert!(
+        started <= now + 1.0 && started > now - 600.0,
+        "{started} vs {now}"
+    );
+}
+
+#[tokio::test]
+async fn a_decision_in_memory_lands_in_the_microsecond_buckets() {
+    let server = Floodgate::start(&[("policies.yaml", POLICIES)], &[]);
+    let open = request("policy", vec![descriptor(&[("open_rule", "x")])]);
+    send(&server, &open, 20).await;
+    let page = scrape(&server).await;
+    let labels = |le: &'static str| {
+        [
+            ("protocol", "grpc"),
+            ("method", "ShouldRateLimit"),
+            ("le", le),
+        ]
+    };
+    let name = "floodgate_request_duration_seconds_bucket";
+    assert_eq!(page.get(name, &labels("+Inf")), 20.0);
+    // The first bucket is 1 µs; the page lists every bound from there.
+    assert!(page.get(name, &labels("0.000001")) <= page.get(name, &labels("0.00005")));
+    assert!(
+        page.get(name, &labels("0.00005")) > 0.0,
+        "a memory decision is well under 50 µs"
+    );
 }
 
 #[tokio::test]

@@ -261,3 +261,16 @@ fn query_command_prints_the_decision_and_exits_2_over_limit() {
     assert_eq!(second.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&second.stdout).starts_with("OVER_LIMIT"));
 }
+
+#[test]
+fn version_names_the_commit_built() {
+    let output = harness::command()
+        .arg("--version")
+        .output()
+        .expect("floodgate runs");
+    let (version, commit) = harness::built_version();
+    assert_eq!(
+        String::from_utf8_lossy(&output.stdout).trim(),
+        format!("floodgate {version} ({commit})")
+    );
+}

@@ -157,11 +157,12 @@ mod tests {
         let page = page.finish();
         let lines: Vec<&str> = page.lines().collect();
         assert_eq!(lines.len(), BOUNDS_MICROS.len() + 3);
-        assert_eq!(lines[0], "d_bucket{method=\"M\",le=\"0.00005\"} 0");
-        assert_eq!(lines[3], "d_bucket{method=\"M\",le=\"0.0005\"} 1");
-        assert_eq!(lines[13], "d_bucket{method=\"M\",le=\"1\"} 1");
-        assert_eq!(lines[14], "d_bucket{method=\"M\",le=\"+Inf\"} 2");
-        assert_eq!(lines[15], "d_sum{method=\"M\"} 2.0003");
-        assert_eq!(lines[16], "d_count{method=\"M\"} 2");
+        assert_eq!(lines[0], "d_bucket{method=\"M\",le=\"0.000001\"} 0");
+        assert_eq!(lines[7], "d_bucket{method=\"M\",le=\"0.00025\"} 0");
+        assert_eq!(lines[8], "d_bucket{method=\"M\",le=\"0.0005\"} 1");
+        assert_eq!(lines[18], "d_bucket{method=\"M\",le=\"1\"} 1");
+        assert_eq!(lines[19], "d_bucket{method=\"M\",le=\"+Inf\"} 2");
+        assert_eq!(lines[20], "d_sum{method=\"M\"} 2.0003");
+        assert_eq!(lines[21], "d_count{method=\"M\"} 2");
     }
 }

@@ -1,14 +1,15 @@
-//! A latency histogram with fixed buckets and atomic counts: observing is a bucket search
-//! over a dozen constants and two relaxed atomic adds, with no lock.
+//! A latency histogram with fixed buckets and atomic counts: observing is a binary search
+//! over twenty constants and two relaxed atomic adds, with no lock.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-/// Upper bounds of the buckets in microseconds, from 50 µs (an in-process decision takes
-/// about 1 µs; a loopback Redis call about 100 µs) to 1 s (far past any timeout we set).
-pub const BOUNDS_MICROS: [u64; 14] = [
-    50, 100, 250, 500, 1_000, 2_500, 5_000, 10_000, 25_000, 50_000, 100_000, 250_000, 500_000,
-    1_000_000,
+/// Upper bounds of the buckets in microseconds, from 1 µs (an in-process decision takes
+/// about that; a loopback Redis call about 100 µs) to 1 s (far past any timeout we set), in
+/// 1–2.5–5 steps.
+pub const BOUNDS_MICROS: [u64; 19] = [
+    1, 2, 5, 10, 25, 50, 100, 250, 500, 1_000, 2_500, 5_000, 10_000, 25_000, 50_000, 100_000,
+    250_000, 500_000, 1_000_000,
 ];
 
 /// Durations counted per bucket; the last bucket is everything above the largest bound.
@@ -29,11 +30,10 @@ pub struct Snapshot {
 
 impl Histogram {
     pub fn observe(&self, elapsed: Duration) {
-        let micros = elapsed.as_micros();
-        let bucket = BOUNDS_MICROS
-            .iter()
-            .position(|&bound| micros <= u128::from(bound))
-            .unwrap_or(BOUNDS_MICROS.len());
+        // The first bound at or above the duration (a bound is inclusive): a duration
+        // between two whole microseconds belongs above the lower one.
+        let nanos = elapsed.as_nanos();
+        let bucket = BOUNDS_MICROS.partition_point(|&bound| u128::from(bound) * 1_000 < nanos);
         self.buckets[bucket].fetch_add(1, Ordering::Relaxed);
         let nanos = u64::try_from(elapsed.as_nanos()).unwrap_or(u64::MAX);
         self.sum_nanos.fetch_add(nanos, Ordering::Relaxed);
@@ -68,10 +68,27 @@ mod tests {
         histogram.observe(Duration::from_micros(51));
         histogram.observe(Duration::from_secs(5));
         let snapshot = histogram.snapshot();
-        assert_eq!(snapshot.cumulative[0], 1);
-        assert_eq!(snapshot.cumulative[1], 2);
+        let at = |bound: u64| {
+            let index = BOUNDS_MICROS
+                .iter()
+                .position(|&b| b == bound)
+                .expect("a bound");
+            snapshot.cumulative[index]
+        };
+        assert_eq!((at(25), at(50), at(100)), (0, 1, 2));
         assert_eq!(snapshot.cumulative[BOUNDS_MICROS.len() - 1], 2);
         assert_eq!(snapshot.count, 3);
         assert_eq!(snapshot.sum_nanos, 5_000_101_000);
+    }
+
+    #[test]
+    fn sub_microsecond_decisions_land_in_the_first_bucket_and_a_fraction_above_a_bound_goes_up() {
+        let histogram = Histogram::default();
+        histogram.observe(Duration::from_nanos(400));
+        histogram.observe(Duration::from_nanos(1_000));
+        histogram.observe(Duration::from_nanos(1_001));
+        let snapshot = histogram.snapshot();
+        assert_eq!(snapshot.cumulative[0], 2, "up to 1 µs");
+        assert_eq!(snapshot.cumulative[1], 3, "up to 2 µs");
     }
 }

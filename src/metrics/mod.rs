@@ -12,6 +12,7 @@
 
 mod exposition;
 mod histogram;
+mod process;
 mod rule_stats;
 
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -120,11 +121,13 @@ impl Metrics {
     /// The whole page: these counts, the backend's and those of the counters in memory.
     pub fn render(&self, origin: &Origin, backend: &Backend, memory: &MemoryBackend) -> String {
         let mut page = Exposition::default();
+        render_build(&mut page);
         render_origin(&mut page, origin);
         self.render_rules(&mut page);
         self.render_service(&mut page);
         render_backend(&mut page, backend);
         render_memory(&mut page, memory);
+        process::render(&mut page);
         page.finish()
     }
 
@@ -218,6 +221,26 @@ impl Metrics {
                 page.sample(name, &labels, count);
             }
         }
+        // envoyproxy/ratelimit's series for requests that got no decision: `redis_error` when
+        // the backend failed them (UNAVAILABLE), `service_error` when they were malformed.
+        let name = "ratelimit_service_should_rate_limit_error";
+        let help = "Rate-limit requests answered with an error, by err_type: redis_error (the \
+                    backend failed and the rule left the answer to the caller) or service_error \
+                    (a malformed request).";
+        page.family(name, Kind::Counter, help);
+        for (err_type, code) in [
+            ("redis_error", Code::Unavailable),
+            ("service_error", Code::InvalidArgument),
+        ] {
+            let mut count: u64 = (Endpoint::ALL.iter())
+                .map(|&endpoint| self.requests(endpoint).codes[code as usize].get())
+                .sum();
+            if code == Code::InvalidArgument {
+                count += UNDECODABLE.load(Ordering::Relaxed);
+            }
+            page.sample(name, &[("err_type", err_type)], count);
+        }
+
         let name = "floodgate_request_duration_seconds";
         let help = "Time to answer a rate-limit request, from its decoding to its encoding.";
         page.family(name, Kind::Histogram, help);
@@ -231,10 +254,23 @@ impl Metrics {
     }
 }
 
+/// What is running: a series that is always 1, labelled with the version and the commit.
+fn render_build(page: &mut Exposition) {
+    let name = "floodgate_build_info";
+    page.family(
+        name,
+        Kind::Gauge,
+        "The running build: its version and commit.",
+    );
+    let labels = [("version", crate::VERSION), ("commit", crate::COMMIT)];
+    page.sample(name, &labels, 1u8);
+}
+
 /// Where the rules in force came from: a series that is always 1, labelled.
 fn render_origin(page: &mut Exposition, origin: &Origin) {
     let name = "floodgate_rules_info";
-    let help = "The rules in force: their source (files or xds) and, from xds, the server and                 the snapshot's version (empty before the first snapshot).";
+    let help = "The rules in force: their source (files or xds) and, from xds, the server and \
+                the snapshot's version (empty before the first snapshot).";
     page.family(name, Kind::Gauge, help);
     let (server, version) = match origin {
         Origin::Files => ("", ""),

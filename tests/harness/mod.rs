@@ -65,6 +65,22 @@ pub const OK: i32 =
 pub const OVER_LIMIT: i32 =
     floodgate::proto::envoy::service::ratelimit::v3::rate_limit_response::Code::OverLimit as i32;
 
+/// The version and commit the binary under test reports: Cargo's version, and git's HEAD
+/// (what the build names when `FLOODGATE_COMMIT` does not say otherwise).
+pub fn built_version() -> (String, String) {
+    let commit = std::env::var("FLOODGATE_COMMIT")
+        .ok()
+        .filter(|commit| !commit.is_empty())
+        .unwrap_or_else(|| {
+            let output = Command::new("git")
+                .args(["rev-parse", "--short=12", "HEAD"])
+                .output()
+                .expect("git runs");
+            String::from_utf8_lossy(&output.stdout).trim().to_owned()
+        });
+    (env!("CARGO_PKG_VERSION").to_owned(), commit)
+}
+
 /// A running floodgate server.
 pub struct Floodgate {
     child: Child,
