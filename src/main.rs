@@ -54,7 +54,8 @@ enum Command {
         #[arg(long, env = "FLOODGATE_RULES_MAX_BYTES", default_value_t = DEFAULT_RULES_MAX_BYTES)]
         rules_max_bytes: u64,
     },
-    /// Ask a running server for one decision and print it; exit 2 when over limit.
+    /// Ask a running server for one decision and print it; exit 0 when allowed, 3 when over
+    /// limit, 1 without a decision (2 is a usage error).
     Query(query::QueryArgs),
     /// Load-test a running server over gRPC and report throughput and latency.
     Bench(bench::BenchArgs),
@@ -64,6 +65,9 @@ enum Command {
     /// Read or reset a descriptor's counters through a server's admin API.
     #[command(subcommand)]
     Counters(counters_cli::CountersCommand),
+    /// Print the shell completion script for `shell`, e.g.
+    /// `floodgate completions bash > /etc/bash_completion.d/floodgate`.
+    Completions { shell: clap_complete::Shell },
 }
 
 /// Every flag is also a settings-file key and a `FLOODGATE_*` environment variable.
@@ -183,6 +187,11 @@ fn main() -> ExitCode {
                 .unwrap_or_else(report);
         }
         Command::Bench(args) => runtime().and_then(|rt| rt.block_on(bench::run(args))),
+        Command::Completions { shell } => {
+            let mut command = <Cli as clap::CommandFactory>::command();
+            clap_complete::generate(shell, &mut command, "floodgate", &mut std::io::stdout());
+            Ok(())
+        }
     };
     result.map_or_else(report, |()| ExitCode::SUCCESS)
 }

@@ -29,7 +29,13 @@ pub struct QueryArgs {
     pub json: bool,
 }
 
-/// Sends the request and prints the decision; exit 0 when OK, 2 when over limit.
+/// `floodgate query`'s exit status when the answer is OVER_LIMIT. 0 is OK, 1 no decision (the
+/// server could not be reached or answered an error), 2 a usage error (clap's): a script
+/// tells the three apart.
+pub const OVER_LIMIT_EXIT: u8 = 3;
+
+/// Sends the request and prints the decision; exit 0 when OK, [`OVER_LIMIT_EXIT`] when over
+/// limit.
 pub async fn run(args: QueryArgs) -> anyhow::Result<ExitCode> {
     let request = RateLimitRequest {
         domain: args.domain.clone(),
@@ -54,7 +60,7 @@ pub async fn run(args: QueryArgs) -> anyhow::Result<ExitCode> {
         print!("{}", render(&request, &response));
     }
     Ok(if response.overall_code == Code::OverLimit as i32 {
-        ExitCode::from(2)
+        ExitCode::from(OVER_LIMIT_EXIT)
     } else {
         ExitCode::SUCCESS
     })

@@ -241,7 +241,7 @@ fn json_log_format_writes_one_json_object_per_line() {
 }
 
 #[test]
-fn query_command_prints_the_decision_and_exits_2_over_limit() {
+fn query_command_prints_the_decision_and_exits_3_over_limit_unlike_a_usage_error() {
     let server = Floodgate::start(&[("r.yaml", RULES)], &[]);
     let query = || {
         harness::command()
@@ -258,8 +258,19 @@ fn query_command_prints_the_decision_and_exits_2_over_limit() {
         "{text}"
     );
     let second = query();
-    assert_eq!(second.status.code(), Some(2));
+    assert_eq!(second.status.code(), Some(3));
     assert!(String::from_utf8_lossy(&second.stdout).starts_with("OVER_LIMIT"));
+    let misspelt = harness::command()
+        .args(["query", "--domian", "api"])
+        .output()
+        .unwrap();
+    assert_eq!(misspelt.status.code(), Some(2), "clap's usage error");
+    let unreachable = harness::command()
+        .args(["query", "--addr", "http://127.0.0.1:1", "--domain", "api"])
+        .args(["--descriptor", "user=q"])
+        .output()
+        .unwrap();
+    assert_eq!(unreachable.status.code(), Some(1), "no decision");
 }
 
 #[test]
@@ -273,4 +284,35 @@ fn version_names_the_commit_built() {
         String::from_utf8_lossy(&output.stdout).trim(),
         format!("floodgate {version} ({commit})")
     );
+}
+
+#[test]
+fn bash_completes_subcommands_and_flags_from_the_generated_script() {
+    let script = harness::command()
+        .args(["completions", "bash"])
+        .output()
+        .expect("floodgate runs");
+    assert!(script.status.success());
+    let dir = tempfile::tempdir().expect("a directory");
+    let path = dir.path().join("floodgate.bash");
+    std::fs::write(&path, &script.stdout).expect("the script");
+    // What bash does on <TAB>: the completion function fills COMPREPLY for the words typed.
+    let complete = |words: &str, current: usize| {
+        let program = format!(
+            "source {}; COMP_WORDS=({words}); COMP_CWORD={current}; \
+             COMP_LINE=\"${{COMP_WORDS[*]}}\"; COMP_POINT=${{#COMP_LINE}}; \
+             _floodgate floodgate \"${{COMP_WORDS[$COMP_CWORD]}}\" \"${{COMP_WORDS[$COMP_CWORD-1]}}\"; \
+             printf '%s\\n' \"${{COMPREPLY[@]}}\"",
+            path.display()
+        );
+        let output = std::process::Command::new("bash")
+            .args(["-c", &program])
+            .output()
+            .expect("bash runs");
+        String::from_utf8_lossy(&output.stdout).into_owned()
+    };
+    let subcommands = complete("floodgate q", 1);
+    assert_eq!(subcommands.trim(), "query", "{subcommands}");
+    let flags = complete("floodgate query --dom", 2);
+    assert_eq!(flags.trim(), "--domain", "{flags}");
 }
