@@ -1,6 +1,7 @@
-//! The server's lifecycle: bind both listeners, serve gRPC (rate limit, health, reflection)
-//! and HTTP, keep health in line with the backend, and on shutdown turn health NOT_SERVING,
-//! let in-flight requests finish within the grace period, then stop.
+//! The server's lifecycle: bind the listeners, serve gRPC (rate limit, health, reflection),
+//! HTTP and, when asked, the metrics and admin ports; probe a failing backend (and, with
+//! `readiness_follows_backend`, keep health in line with it); on shutdown turn health
+//! NOT_SERVING, let in-flight requests finish within the grace period, then stop.
 //!
 //! Both ports hold their clients to [`ConnectionLimits`]: the handshake and idle timeouts of
 //! every accepted connection (`listener.rs`), HTTP/2 keep-alive pings and a stream limit,
