@@ -47,10 +47,12 @@ COPY lua lua
 # entry point: started under that name, floodgate reads upstream's environment variables
 # (Envoy Gateway and Istio's sample run /bin/ratelimit). The final stage has no shell, so the
 # link is made here.
-# REVISION: the commit `floodgate --version` names (the build context has no .git).
+# REVISION: the commit `floodgate --version` names (the build context has no .git); set
+# here, after the dependency layer, so a new commit rebuilds floodgate alone.
 ARG REVISION=unknown
+ENV FLOODGATE_COMMIT=${REVISION}
 RUN --network=none \
-    FLOODGATE_COMMIT="$REVISION" cargo build --release --frozen --locked --offline --bin floodgate \
+    cargo build --release --frozen --locked --offline --bin floodgate \
     && install -D -m 0755 target/release/floodgate /out/usr/local/bin/floodgate \
     && mkdir -p /out/bin \
     && ln -s /usr/local/bin/floodgate /out/bin/ratelimit
