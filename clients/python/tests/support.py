@@ -72,8 +72,10 @@ class Floodgate:
         return 0
 
     def freeze(self) -> None:
-        """SIGSTOP: the port still accepts connections (the kernel does), nothing answers."""
-        self.process.send_signal(signal.SIGSTOP)
+        """SIGSTOP: the port still accepts connections (the kernel does), nothing answers.
+        Returns once the kernel reports the process stopped (the signal is delivered
+        asynchronously, and a request sent in between could still be answered)."""
+        stop_process(self.process)
 
     def kill(self) -> None:
         """SIGKILL, at once: the connections it held are reset."""
@@ -162,8 +164,8 @@ class Redis:
 
     def freeze(self) -> None:
         """SIGSTOP: connections stay open and commands go unanswered, so floodgate's calls
-        time out after its script may have run."""
-        self.process.send_signal(signal.SIGSTOP)
+        time out after its script may have run. Returns once the process is stopped."""
+        stop_process(self.process)
 
     def stop(self) -> None:
         self.process.kill()
@@ -218,3 +220,15 @@ class AsyncCountingInterceptor(grpc.aio.UnaryUnaryClientInterceptor):
     async def intercept_unary_unary(self, continuation, client_call_details, request):  # type: ignore[no-untyped-def]
         self.sent_at.append(time.monotonic())
         return await continuation(client_call_details, request)
+
+
+def stop_process(process: subprocess.Popen[bytes]) -> None:
+    """Sends SIGSTOP and waits until /proc says the process is stopped (state ``T``)."""
+    process.send_signal(signal.SIGSTOP)
+    deadline = time.monotonic() + 5
+    while True:
+        stat = Path(f"/proc/{process.pid}/stat").read_text()
+        if stat[stat.rindex(")") + 2 :].split()[0] == "T":
+            return
+        assert time.monotonic() < deadline, f"process {process.pid} did not stop"
+        time.sleep(0.001)

@@ -86,7 +86,7 @@ test("a passed deadline is not retried and the failure mode decides", async () =
     // Connect while the server runs, so the deadline, not the connection, is what fails.
     const warm = await client.shouldRateLimit(DOMAIN, [{ user_id: unique("frank") }]);
     assert.equal(warm.degraded, false);
-    server.freeze();
+    await server.freeze();
     const decision = await client.shouldRateLimit(DOMAIN, descriptors);
     assert.equal(decision.allowed, false);
     assert.equal(decision.degraded, true);
@@ -108,7 +108,7 @@ test("a connection lost after the request went out is not retried", async () => 
   try {
     const warm = await client.shouldRateLimit(DOMAIN, [{ user_id: unique("grace") }]);
     assert.equal(warm.degraded, false);
-    server.freeze();
+    await server.freeze();
     const call = client.shouldRateLimit(DOMAIN, descriptors);
     // The connection is open and the kernel takes the request: give it time to be written.
     await new Promise((resolve) => setTimeout(resolve, 300));

@@ -2,7 +2,7 @@
 // FLOODGATE_BIN), on free loopback ports, serving the rules in test/rules; and a real
 // redis-server for it to count in, which a test freezes or leaves out.
 import { spawn, type ChildProcess } from "node:child_process";
-import { existsSync } from "node:fs";
+import { existsSync, readFileSync } from "node:fs";
 import { get } from "node:http";
 import { createConnection, createServer, type AddressInfo } from "node:net";
 import { tmpdir } from "node:os";
@@ -104,8 +104,8 @@ export class FloodgateServer {
   }
 
   /** Freezes the process: connections stay open, but nothing is answered. */
-  freeze(): void {
-    this.child.kill("SIGSTOP");
+  async freeze(): Promise<void> {
+    await stopProcess(this.child);
   }
 
   /** Kills the process at once (SIGKILL): the connections it held are reset. */
@@ -177,8 +177,8 @@ export class RedisServer {
    * Freezes the server (SIGSTOP): connections stay open and commands go unanswered, so
    * floodgate's calls time out after its script may have run.
    */
-  freeze(): void {
-    this.child.kill("SIGSTOP");
+  async freeze(): Promise<void> {
+    await stopProcess(this.child);
   }
 
   async stop(): Promise<void> {
@@ -237,4 +237,28 @@ function firstLine(child: ChildProcess): Promise<string> {
       reject(new Error(`exited early (code ${code}, signal ${signal})`));
     });
   });
+}
+
+/**
+ * Sends SIGSTOP and waits until the kernel reports the process stopped: the signal is
+ * delivered asynchronously, and a request sent in between could still be answered.
+ */
+async function stopProcess(child: ChildProcess): Promise<void> {
+  child.kill("SIGSTOP");
+  const deadline = Date.now() + 5_000;
+  while (processState(child.pid) !== "T") {
+    if (Date.now() > deadline) {
+      throw new Error(`process ${child.pid} did not stop`);
+    }
+    await new Promise((resolve) => setTimeout(resolve, 1));
+  }
+}
+
+/** The state letter of /proc/<pid>/stat (after the command's closing parenthesis). */
+function processState(pid: number | undefined): string | undefined {
+  if (pid === undefined) {
+    return undefined;
+  }
+  const stat = readFileSync(`/proc/${pid}/stat`, "utf8");
+  return stat.slice(stat.lastIndexOf(")") + 2).split(" ")[0];
 }

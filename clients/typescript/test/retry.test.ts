@@ -33,7 +33,7 @@ async function frozenRedis(commandTimeoutMs: number): Promise<Setup> {
   const answer = await warm.shouldRateLimit(DOMAIN, [{ user_id: "warm" }]);
   warm.close();
   assert.equal(answer.degraded, false, "floodgate answers while Redis runs");
-  redis.freeze();
+  await redis.freeze();
   return {
     server,
     stop: async () => {
