@@ -114,25 +114,29 @@ impl Floodgate {
     /// Freezes the server (SIGSTOP) and waits until every thread has stopped: its port still
     /// accepts connections (the kernel does that), but nothing reads or answers them.
     pub fn freeze(&self) {
-        let pid = self.child.id();
-        let status = Command::new("kill")
-            .args(["-STOP", &pid.to_string()])
-            .status()
-            .expect("running kill");
-        assert!(status.success(), "kill -STOP {pid} failed");
-        // The signal is delivered asynchronously; /proc shows state T once it took effect.
-        let stopped = || {
-            std::fs::read_to_string(format!("/proc/{pid}/status"))
-                .is_ok_and(|status| status.lines().any(|line| line.starts_with("State:\tT")))
-        };
-        let deadline = Instant::now() + Duration::from_secs(5);
-        while !stopped() {
-            assert!(
-                Instant::now() < deadline,
-                "floodgate {pid} did not stop on SIGSTOP"
-            );
-            std::thread::sleep(Duration::from_millis(1));
-        }
+        sigstop(self.child.id(), "floodgate");
+    }
+}
+
+/// Sends SIGSTOP to `pid` and waits until it took effect: the signal is delivered
+/// asynchronously, and /proc shows state T once every thread has stopped.
+pub fn sigstop(pid: u32, what: &str) {
+    let status = Command::new("kill")
+        .args(["-STOP", &pid.to_string()])
+        .status()
+        .expect("running kill");
+    assert!(status.success(), "kill -STOP {pid} failed");
+    let stopped = || {
+        std::fs::read_to_string(format!("/proc/{pid}/status"))
+            .is_ok_and(|status| status.lines().any(|line| line.starts_with("State:\tT")))
+    };
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while !stopped() {
+        assert!(
+            Instant::now() < deadline,
+            "{what} {pid} did not stop on SIGSTOP"
+        );
+        std::thread::sleep(Duration::from_millis(1));
     }
 }
 

@@ -38,15 +38,10 @@ impl Redis {
         format!("redis://127.0.0.1:{}", self.port)
     }
 
-    /// Freezes the server (SIGSTOP): connections stay open and commands go unanswered, so
-    /// floodgate's calls time out after its script may have run.
+    /// Freezes the server (SIGSTOP) once it has stopped: connections stay open and commands
+    /// go unanswered, so floodgate's calls time out after its script may have run.
     pub fn freeze(&self) {
-        let pid = self.child.id().to_string();
-        let status = Command::new("kill")
-            .args(["-STOP", &pid])
-            .status()
-            .expect("running kill");
-        assert!(status.success(), "kill -STOP {pid} failed");
+        super::sigstop(self.child.id(), "redis-server");
     }
 
     fn wait_until_ready(&mut self) {
