@@ -52,6 +52,13 @@ async fn until_the_circuit_opens(server: &Floodgate) -> (u16, String) {
     }
 }
 
+/// The first line of the server's log that contains `text`, once there is one.
+fn logged_line(server: &Floodgate, text: &str) -> String {
+    let log = server.wait_for_log(text);
+    let line = log.lines().find(|line| line.contains(text));
+    line.unwrap_or_default().to_owned()
+}
+
 async fn grpc_health(server: &Floodgate, service: &str) -> i32 {
     let channel = tonic::transport::Endpoint::from_shared(format!("http://{}", server.grpc_addr))
         .expect("an endpoint")
@@ -100,10 +107,7 @@ async fn with_redis_dead_the_replica_stays_ready_and_every_policy_answers() {
         metrics.contains("floodgate_backend_circuit_open 1"),
         "{metrics}"
     );
-    let log = server.wait_for_log("circuit open");
-    let opened = (log.lines())
-        .find(|line| line.contains("circuit open"))
-        .unwrap_or_default();
+    let opened = logged_line(&server, "circuit open");
     assert!(
         opened.contains("Connection refused") || opened.contains("broken pipe"),
         "the opening names its cause: {opened}"
@@ -118,7 +122,7 @@ async fn a_password_set_under_a_running_server_is_logged_as_the_circuits_cause()
     // The operator rotates the password and the connections drop; floodgate's reconnect
     // is refused for want of it.
     let mut admin = redis.connection().await;
-    let rotated: () = redis::cmd("CONFIG")
+    let () = redis::cmd("CONFIG")
         .arg(&["SET", "requirepass", "rotated-0123"])
         .query_async(&mut admin)
         .await
@@ -128,16 +132,12 @@ async fn a_password_set_under_a_running_server_is_logged_as_the_circuits_cause()
         .query_async(&mut admin)
         .await
         .expect("CLIENT KILL");
-    let () = rotated;
 
     until_the_circuit_opens(&server).await;
     // The broken connections may open it; the refusal follows within the changed-error
     // interval, from the probes. (Redis refuses the script's large argument from a client
     // that has not authenticated before it can say NOAUTH.)
-    let log = server.wait_for_log("unauthenticated");
-    let cause = (log.lines())
-        .find(|line| line.contains("unauthenticated"))
-        .unwrap_or_default();
+    let cause = logged_line(&server, "unauthenticated");
     assert!(
         cause.contains("circuit open") || cause.contains("still failing"),
         "the circuit's log line says why Redis refuses: {cause}"
