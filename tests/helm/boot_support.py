@@ -9,6 +9,8 @@ helpers check that the environment named the mount paths, then point it at the c
 
 from __future__ import annotations
 
+import fcntl
+import os
 import signal
 import subprocess
 import tempfile
@@ -18,7 +20,7 @@ import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import pytest
 
@@ -48,12 +50,25 @@ def pod_files(objects: list[Manifest], rules_dir: Path) -> dict[str, str]:
     return env
 
 
+def output_file() -> IO[bytes]:
+    """A temp file for a child's output that the test rereads while the child writes.
+
+    The child's descriptor shares this file's offset: a `seek(0)` to reread would move the
+    child's next write to the start, over the first lines it wrote (the listening line, say).
+    O_APPEND makes every write land at the end, wherever the offset stands.
+    """
+    file = tempfile.TemporaryFile()
+    flags = fcntl.fcntl(file.fileno(), fcntl.F_GETFL)
+    fcntl.fcntl(file.fileno(), fcntl.F_SETFL, flags | os.O_APPEND)
+    return file
+
+
 @contextmanager
 def floodgate(env: dict[str, str], command: list[str] | None = None) -> Iterator[dict[str, str]]:
     """`floodgate serve` (the container's args), or `command`, with exactly `env`; yields its
     addresses."""
     command = command or [str(floodgate_binary()), "serve"]
-    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+    with output_file() as out, output_file() as err:
         process = subprocess.Popen(command, env=env, stdout=out, stderr=err)
         try:
             yield wait_listening(process, out, err)

@@ -6,6 +6,7 @@ gone when the test ends. Needs root (unshare, nsenter, mount, chroot)."""
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import shlex
@@ -46,6 +47,19 @@ def require_root() -> None:
         pytest.skip("needs root: the image's root is entered with chroot and its ports live in a network namespace")
 
 
+def output_file() -> IO[bytes]:
+    """A temp file for a child's output that the test rereads while the child writes.
+
+    The child's descriptor shares this file's offset: a `seek(0)` to reread would move the
+    child's next write to the start, over the first lines it wrote (the listening line, say).
+    O_APPEND makes every write land at the end, wherever the offset stands.
+    """
+    file = tempfile.TemporaryFile()
+    flags = fcntl.fcntl(file.fileno(), fcntl.F_GETFL)
+    fcntl.fcntl(file.fileno(), fcntl.F_SETFL, flags | os.O_APPEND)
+    return file
+
+
 class Sandbox:
     """The namespaces, held open by a sleeping process; commands join them with nsenter."""
 
@@ -61,7 +75,7 @@ class Sandbox:
 
     def start(self, command: list[str], env: dict[str, str]) -> subprocess.Popen[bytes]:
         """A long-running process in the namespaces with exactly `env`; stopped at the end."""
-        out, err = tempfile.TemporaryFile(), tempfile.TemporaryFile()
+        out, err = output_file(), output_file()
         process = subprocess.Popen(self.enter(command), env=env, stdout=out, stderr=err)
         self.processes.append((process, out, err))
         return process

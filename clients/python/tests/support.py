@@ -3,6 +3,7 @@ attempts it answered, and interceptors that count the attempts a client makes.""
 
 from __future__ import annotations
 
+import fcntl
 import os
 import signal
 import socket
@@ -108,13 +109,26 @@ class Floodgate:
         return (self.stdout.read() + self.stderr.read()).decode(errors="replace")
 
 
+def output_file() -> IO[bytes]:
+    """A temp file for a child's output that the test rereads while the child writes.
+
+    The child's descriptor shares this file's offset: a `seek(0)` to reread would move the
+    child's next write to the start, over the first lines it wrote (the listening line, say).
+    O_APPEND makes every write land at the end, wherever the offset stands.
+    """
+    file = tempfile.TemporaryFile()
+    flags = fcntl.fcntl(file.fileno(), fcntl.F_GETFL)
+    fcntl.fcntl(file.fileno(), fcntl.F_SETFL, flags | os.O_APPEND)
+    return file
+
+
 def start_floodgate(*extra: str, settings: Mapping[str, str] | None = None) -> Floodgate:
     """Starts floodgate on the test rules and waits until it says where it listens.
 
     ``settings`` are FLOODGATE_* environment variables for the server, such as
     ``{"FLOODGATE_REDIS_COMMAND_TIMEOUT_MS": "200"}``.
     """
-    stdout, stderr = tempfile.TemporaryFile(), tempfile.TemporaryFile()
+    stdout, stderr = output_file(), output_file()
     command = [
         str(floodgate_binary()),
         "serve",
