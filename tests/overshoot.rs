@@ -1,8 +1,8 @@
 //! Usage charged after the fact (`overshoot: true`), end to end: a charge bigger than what
 //! remains is counted in full, the counter goes past its limit, and even a check is refused
 //! until the count is back within it. For every algorithm that offers it, on the memory
-//! backend and on a real Redis shared by two floodgates (one of which has the counter in
-//! its over-limit cache when it charges again).
+//! backend, on a real Redis shared by two floodgates (one of which has the counter in its
+//! over-limit cache when it charges again), and on a real Redis Cluster shared the same way.
 
 mod harness;
 mod redis_harness;
@@ -11,6 +11,7 @@ use floodgate::proto::envoy::extensions::common::ratelimit::v3::RateLimitDescrip
 use floodgate::proto::envoy::service::ratelimit::v3::RateLimitResponse;
 use harness::{Floodgate, OK, OVER_LIMIT, costing, request};
 use redis_harness::RedisServer;
+use redis_harness::cluster::RedisCluster;
 
 /// A budget of 10 an hour per tenant, counted past its limit, for each algorithm.
 const RULES: &str = "
@@ -73,13 +74,27 @@ async fn on_the_memory_backend_a_charge_past_the_budget_counts() {
     charges_past_the_budget_count(&server, &server).await;
 }
 
+/// Two floodgates on the backend `flags` name, with time for a busy machine's Redis.
+fn two_sharing(flags: &[&str]) -> [Floodgate; 2] {
+    let env = [("FLOODGATE_REDIS_COMMAND_TIMEOUT_MS", "2000")];
+    [(); 2].map(|()| Floodgate::start_with_env(&[("budget.yaml", RULES)], flags, &env))
+}
+
 #[tokio::test]
 async fn on_redis_two_servers_share_every_charge_past_the_budget() {
     let redis = RedisServer::start();
-    let url = redis.url();
-    let flags = ["--backend", "redis", "--redis-url", &url];
-    let env = [("FLOODGATE_REDIS_COMMAND_TIMEOUT_MS", "2000")];
-    let a = Floodgate::start_with_env(&[("budget.yaml", RULES)], &flags, &env);
-    let b = Floodgate::start_with_env(&[("budget.yaml", RULES)], &flags, &env);
+    let [a, b] = two_sharing(&["--backend", "redis", "--redis-url", &redis.url()]);
+    charges_past_the_budget_count(&a, &b).await;
+}
+
+#[tokio::test]
+async fn on_a_redis_cluster_two_servers_share_every_charge_past_the_budget() {
+    let cluster = RedisCluster::start();
+    let [a, b] = two_sharing(&[
+        "--backend",
+        "redis-cluster",
+        "--redis-url",
+        &cluster.seeds(),
+    ]);
     charges_past_the_budget_count(&a, &b).await;
 }
