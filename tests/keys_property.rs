@@ -5,7 +5,7 @@
 //!   entries) never share a `CounterKey`; one identity always yields one key, whatever the
 //!   rate, the burst or the spelling of its window.
 //! - Every Redis key of one counter (the key behind any prefix without braces, and its
-//!   `sequence_key`) has `CounterKey::hash_tag` as its Redis Cluster hash tag, so one slot.
+//!   `log_keys`) has `CounterKey::hash_tag` as its Redis Cluster hash tag, so one slot.
 //! - Different counters spread over the 16,384 slots like a uniform hash would.
 //!
 //! The slot is the cluster backend's own (`backend::redis::slots`, by which it groups hits per
@@ -18,7 +18,7 @@ mod redis_harness;
 use std::collections::HashMap;
 
 use deadpool_redis::redis;
-use floodgate::backend::redis::script::sequence_key;
+use floodgate::backend::redis::script::log_keys;
 use floodgate::backend::redis::slots::{SLOTS, hash_tag, slot};
 use floodgate::limiter::{Algorithm, CounterKey, Limit, Timezone, Unit};
 use redis_harness::RedisServer;
@@ -360,8 +360,8 @@ fn every_key_of_one_counter_has_its_hash_tag_and_one_slot() {
         assert!(!tag.is_empty(), "{key}: an empty tag hashes the whole key");
         let prefix = prefix(&mut rng);
         let full = format!("{prefix}{key}");
-        let sequence = sequence_key(&full);
-        for redis_key in [key.as_str(), &full, &sequence] {
+        let [log, total] = log_keys(&full);
+        for redis_key in [key.as_str(), &full, &log, &total] {
             assert_eq!(
                 hash_tag(redis_key.as_bytes()),
                 tag,
@@ -370,12 +370,14 @@ fn every_key_of_one_counter_has_its_hash_tag_and_one_slot() {
                 replay(seed)
             );
         }
-        assert_eq!(
-            slot(full.as_bytes()),
-            slot(sequence.as_bytes()),
-            "{full:?} and its sequence key; {}",
-            replay(seed)
-        );
+        for state in [&log, &total] {
+            assert_eq!(
+                slot(full.as_bytes()),
+                slot(state.as_bytes()),
+                "{full:?} and its sliding log's {state:?}; {}",
+                replay(seed)
+            );
+        }
         // Another algorithm or window of the same descriptor shares the tag too.
         let other = Limit {
             algorithm: Algorithm::ALL[rng.usize(..Algorithm::ALL.len())],
@@ -439,7 +441,7 @@ fn the_backends_slots_match_redis_cluster_keyslot() {
     while keys.len() < 3_000 {
         let (identity, limit) = random_case(&mut rng);
         let full = format!("{}{}", prefix(&mut rng), identity.key(&limit));
-        keys.push(sequence_key(&full).into_bytes());
+        keys.extend(log_keys(&full).map(String::into_bytes));
         keys.push(full.into_bytes());
         // Raw bytes, braces included, to check the tag rule and the CRC beyond ASCII.
         let raw: Vec<u8> = (0..rng.usize(0..12))

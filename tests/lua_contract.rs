@@ -12,10 +12,10 @@ mod redis_harness;
 
 use deadpool_redis::redis;
 use floodgate::backend::redis::script::{
-    BatchAnswer, Group, Mode, PlannedHit, ScriptClock, Scripts, add_call, state_keys,
+    BatchAnswer, Group, Mode, PlannedHit, ScriptClock, Scripts, add_call, log_keys, state_keys,
 };
 use floodgate::limiter::{
-    Algorithm, Counter, CounterKey, Decision, Hits, Limit, SECOND_MICROS, Timezone, Unit,
+    Algorithm, Counter, CounterKey, Decision, Hits, Limit, MAX_HITS, SECOND_MICROS, Timezone, Unit,
 };
 use redis::aio::MultiplexedConnection;
 use redis_harness::RedisServer;
@@ -237,27 +237,79 @@ fn takes_first(algorithm: Algorithm, hits: Hits) -> bool {
 }
 
 #[tokio::test]
-async fn a_sliding_log_keeps_one_member_per_unit_even_for_large_costs() {
+async fn a_sliding_log_keeps_one_member_per_instant_whatever_the_cost() {
     let (_server, mut connection, scripts) = start().await;
     let limit = Limit {
         algorithm: Algorithm::SlidingLog,
+        overshoot: true,
         ..Limit::per(1_200, Unit::Minute)
     };
     let key = counter_key("large-cost", &limit);
     let now = PARIS_NOV_15;
-    let mut hit = async |hits| {
-        lua_support::hit(&mut connection, &scripts, key.as_str(), &limit, hits, now)
+    let mut hit = async |hits, at| {
+        lua_support::hit(&mut connection, &scripts, key.as_str(), &limit, hits, at)
             .await
             .expect("a decision")
     };
-    assert_eq!(hit(Hits::take(1_200)).await.remaining, 0);
-    assert_eq!(hit(Hits::give_back(700)).await.remaining, 700);
-    let members: u64 = redis::cmd("ZCARD")
-        .arg(key.as_str())
+    assert_eq!(hit(Hits::take(1_000), now).await.remaining, 200);
+    assert_eq!(hit(Hits::take(MAX_HITS), now).await.remaining, 0);
+    assert_eq!(hit(Hits::give_back(700), now + 1).await.remaining, 0);
+    let [log, total] = log_keys(key.as_str());
+    let members: Vec<String> = redis::cmd("ZRANGE")
+        .arg(&log)
+        .arg(0)
+        .arg(-1)
         .query_async(&mut connection)
         .await
-        .expect("ZCARD");
-    assert_eq!(members, 500);
+        .expect("ZRANGE");
+    let held = u64::from(u32::MAX) - 700;
+    assert_eq!(members, [format!("{now}:{held}")]);
+    let total: u64 = redis::cmd("GET")
+        .arg(&total)
+        .query_async(&mut connection)
+        .await
+        .expect("GET");
+    assert_eq!(total, held);
+}
+
+#[tokio::test]
+async fn a_sliding_log_whose_total_redis_evicted_counts_its_entries_again() {
+    let (_server, mut connection, scripts) = start().await;
+    let limit = Limit {
+        algorithm: Algorithm::SlidingLog,
+        ..Limit::per(10, Unit::Minute)
+    };
+    let key = counter_key("evicted-total", &limit);
+    let now = PARIS_NOV_15;
+    let steps = [(Hits::take(3), 7), (Hits::take(4), 3), (Hits::take(0), 3)];
+    for (i, (hits, remaining)) in steps.into_iter().enumerate() {
+        let at = now + i as u64;
+        let decision = lua_support::hit(&mut connection, &scripts, key.as_str(), &limit, hits, at)
+            .await
+            .expect("a decision");
+        assert_eq!(decision.remaining, remaining, "{hits:?}");
+    }
+    // Under memory pressure Redis may evict one key of the two: the log counts again.
+    let [_, total] = log_keys(key.as_str());
+    let evicted: i64 = redis::cmd("DEL")
+        .arg(&total)
+        .query_async(&mut connection)
+        .await
+        .expect("DEL");
+    assert_eq!(evicted, 1);
+    for (hits, remaining) in [(Hits::take(0), 3), (Hits::take(1), 2)] {
+        let decision = lua_support::hit(
+            &mut connection,
+            &scripts,
+            key.as_str(),
+            &limit,
+            hits,
+            now + 9,
+        )
+        .await
+        .expect("a decision");
+        assert_eq!(decision.remaining, remaining, "{hits:?} after the eviction");
+    }
 }
 
 #[tokio::test]
@@ -291,8 +343,7 @@ async fn scripts_read_redis_time_when_no_instant_is_given() {
             .await
             .expect("KEYS");
         let state = written
-            .iter()
-            .find(|name| !name.ends_with(":seq"))
+            .first()
             .unwrap_or_else(|| panic!("{}: no key in {written:?}", algorithm.name()));
         let ttl = pttl(&mut connection, state).await;
         assert!(ttl > 0 && ttl <= 2_000, "{}: PTTL {ttl}", algorithm.name());

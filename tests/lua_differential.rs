@@ -137,8 +137,8 @@ fn random_limit(rng: &mut fastrand::Rng, algorithm: Algorithm) -> Limit {
         rng.u32(1..=12)
     };
     let bucket = matches!(algorithm, Algorithm::TokenBucket | Algorithm::Gcra);
-    // A third of the limits count every charge in full (not sliding_log's: refused there).
-    let overshoot = algorithm != Algorithm::SlidingLog && rng.u32(0..3) == 0;
+    // A third of the limits count every charge in full.
+    let overshoot = rng.u32(0..3) == 0;
     if algorithm == Algorithm::FixedWindow && rng.u32(0..3) == 0 {
         let paris = Timezone::parse("Europe/Paris").expect("Europe/Paris is in every tz database");
         return Limit {

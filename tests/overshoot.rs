@@ -1,8 +1,8 @@
 //! Usage charged after the fact (`overshoot: true`), end to end: a charge bigger than what
 //! remains is counted in full, the counter goes past its limit, and even a check is refused
-//! until the count is back within it. For every algorithm that offers it, on the memory
-//! backend, on a real Redis shared by two floodgates (one of which has the counter in its
-//! over-limit cache when it charges again), and on a real Redis Cluster shared the same way.
+//! until the count is back within it. For every algorithm, on the memory backend, on a real
+//! Redis shared by two floodgates (one of which has the counter in its over-limit cache when
+//! it charges again), and on a real Redis Cluster shared the same way.
 
 mod harness;
 mod redis_harness;
@@ -21,13 +21,21 @@ descriptors:
     rate_limit: {unit: hour, requests_per_unit: 10, overshoot: true}
   - key: sliding_window
     rate_limit: {unit: hour, requests_per_unit: 10, algorithm: sliding_window, overshoot: true}
+  - key: sliding_log
+    rate_limit: {unit: hour, requests_per_unit: 10, algorithm: sliding_log, overshoot: true}
   - key: token_bucket
     rate_limit: {unit: hour, requests_per_unit: 10, algorithm: token_bucket, overshoot: true}
   - key: gcra
     rate_limit: {unit: hour, requests_per_unit: 10, algorithm: gcra, overshoot: true}
 ";
 
-const ALGORITHMS: [&str; 4] = ["fixed_window", "sliding_window", "token_bucket", "gcra"];
+const ALGORITHMS: [&str; 5] = [
+    "fixed_window",
+    "sliding_window",
+    "sliding_log",
+    "token_bucket",
+    "gcra",
+];
 
 /// `key=tenant` given back `amount` (`is_negative_hits`).
 fn giving_back(key: &str, amount: u64) -> RateLimitDescriptor {

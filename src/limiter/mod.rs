@@ -91,7 +91,7 @@ pub enum Algorithm {
     /// Two fixed-window counters, the previous one weighted by how much of it still overlaps
     /// the sliding window.
     SlidingWindow,
-    /// Every hit with its timestamp; exact, memory grows with the limit.
+    /// Every hit with its timestamp; exact, memory grows with the hits of one window.
     SlidingLog,
     /// A bucket of `burst` tokens refilled at `requests_per_unit` per window, in whole tokens.
     TokenBucket,
@@ -140,7 +140,7 @@ pub struct Limit {
     pub timezone: Option<Timezone>,
     /// Every hit that takes quota is counted in full, even past the limit (usage charged
     /// after the fact: an LLM response's tokens); over the limit, even a check is refused
-    /// until the algorithm brings the count back within it. Not for sliding_log.
+    /// until the algorithm brings the count back within it.
     pub overshoot: bool,
 }
 

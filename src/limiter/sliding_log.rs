@@ -1,12 +1,17 @@
 //! sliding_log: every counted hit with its timestamp. Exact: at any instant, the hits of the
-//! last window never exceed the limit. The Rust twin of `lua/sliding_log.lua`.
+//! last window never exceed the limit (unless the limit overshoots, when they are all
+//! counted). The Rust twin of `lua/sliding_log.lua`.
 //!
-//! Hits of the same microsecond share one entry, so memory is O(distinct timestamps in one
-//! window), at most the limit.
+//! Hits of the same microsecond share one entry, whatever they cost, so memory is
+//! O(distinct timestamps in one window).
 
 use std::collections::VecDeque;
 
 use super::{Decision, Hits, Limit};
+
+/// The most hits a log holds: an overshooting charge past it counts only up to it, as a
+/// sliding window's count saturates (the twin's doubles stay exact far beyond).
+const MAX_TOTAL: u64 = u32::MAX as u64;
 
 /// The counted hits of the last window, oldest first, with their running total.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -34,16 +39,17 @@ impl State {
 
 /// Applies `hits` at `now`. Hits at or before `now - W` are evicted; allowed iff
 /// `total + cost <= limit`, then the cost is logged at `now`. A give-back removes the newest
-/// hits first. A check (cost 0) reads without evicting.
+/// hits first. A check (cost 0) reads without evicting. With `overshoot` the cost is logged
+/// whatever the answer, and a hit (a check too) is allowed iff `total <= limit` after it.
 pub(super) fn hit(state: &mut State, limit: &Limit, now: u64, hits: Hits) -> Decision {
     let quota = u64::from(limit.requests_per_unit);
     let w = limit.window_micros();
     let is_live = |at: u64| at.saturating_add(w) > now;
     if hits.amount == 0 {
         let live = state.entries.iter().skip_while(|&&(at, _)| !is_live(at));
-        let oldest = live.clone().next().map(|&(at, _)| at);
-        let total = live.map(|&(_, count)| count).sum();
-        return decision(true, quota, total, oldest, w, now);
+        let total = live.clone().map(|&(_, count)| count).sum();
+        let allowed = !limit.overshoot || total <= quota;
+        return decision(allowed, quota, total, live, w, now);
     }
     state.window_micros = w;
     while let Some(&(at, count)) = state.entries.front()
@@ -55,14 +61,19 @@ pub(super) fn hit(state: &mut State, limit: &Limit, now: u64, hits: Hits) -> Dec
     let allowed = if hits.negative {
         give_back(state, hits.amount);
         true
+    } else if limit.overshoot {
+        let counted = hits.amount.min(MAX_TOTAL.saturating_sub(state.total));
+        if counted > 0 {
+            log(state, now, counted);
+        }
+        state.total <= quota
     } else if state.total.saturating_add(hits.amount) <= quota {
         log(state, now, hits.amount);
         true
     } else {
         false
     };
-    let oldest = state.entries.front().map(|&(at, _)| at);
-    decision(allowed, quota, state.total, oldest, w, now)
+    decision(allowed, quota, state.total, &state.entries, w, now)
 }
 
 /// Logs `amount` hits at `now`, or at the newest timestamp if the clock stepped back, so the
@@ -90,18 +101,28 @@ fn give_back(state: &mut State, mut amount: u64) {
     }
 }
 
-fn decision(
+/// The answer for a log of `total` hits in `entries` (live, oldest first). The next unit of
+/// quota comes back when the oldest entries holding `total - limit + 1` hits (at least one)
+/// have left the window: the oldest entry's exit, unless an overshooting log is past its
+/// limit.
+fn decision<'a>(
     allowed: bool,
     quota: u64,
     total: u64,
-    oldest: Option<u64>,
+    entries: impl IntoIterator<Item = &'a (u64, u64)>,
     w: u64,
     now: u64,
 ) -> Decision {
+    let leaving = total.saturating_sub(quota) + 1;
+    let mut held = 0;
+    let back_at = entries.into_iter().find_map(|&(at, count)| {
+        held += count;
+        (held >= leaving).then_some(at)
+    });
     Decision {
         allowed,
         remaining: quota.saturating_sub(total),
-        reset_micros: oldest.map_or(0, |at| at.saturating_add(w).saturating_sub(now)),
+        reset_micros: back_at.map_or(0, |at| at.saturating_add(w).saturating_sub(now)),
     }
 }
 

@@ -289,22 +289,7 @@ fn read_limit(
     });
     let overshoot = match fields.get("overshoot") {
         None => Some(false),
-        Some(node) => reader
-            .boolean(node, &field("overshoot"), rule)
-            .and_then(|overshoot| {
-                if overshoot && algorithm == Some(Algorithm::SlidingLog) {
-                    // One log entry per unit: a charge is not bounded by the limit any more.
-                    let message = format!(
-                        "{}: a sliding_log keeps one entry per unit of cost, so an \
-                         overshooting charge would be unbounded; use sliding_window, \
-                         token_bucket, gcra or fixed_window",
-                        field("overshoot")
-                    );
-                    reader.error(yaml::line(node), rule, message);
-                    return None;
-                }
-                Some(overshoot)
-            }),
+        Some(node) => reader.boolean(node, &field("overshoot"), rule),
     };
     let limit = Limit {
         requests_per_unit: requests_per_unit?,

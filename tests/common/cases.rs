@@ -288,6 +288,33 @@ fn sliding_log() -> Vec<Case> {
     let log = |rate, unit| limit(Algorithm::SlidingLog, rate, unit);
     vec![
         case(
+            "sliding_log_overshoot_counts_a_charge_past_the_limit_until_enough_hits_leave",
+            overshoot(log(5, Unit::Second)),
+            vec![
+                step(T0, take(3), allow(2, SECOND)),
+                // 7 of 5, counted: a unit comes back once the 3 of T0 have left.
+                step(T0 + 1, take(4), reject(0, 999_999)),
+                step(T0 + 2, take(0), reject(0, 999_998)),
+                // 9 of 5: once 5 hits have left, those of T0 and T0 + 1.
+                step(T0 + 500_000, take(2), reject(0, 500_001)),
+                // The 3 of T0 have left: 6 of 5 until the 4 of T0 + 1 leave.
+                step(T0 + SECOND, take(0), reject(0, 1)),
+                step(T0 + SECOND + 1, take(0), allow(3, 499_999)),
+                // 2 + 4 = 6, counted; 3 given back from the newest.
+                step(T0 + SECOND + 1, take(4), reject(0, 499_999)),
+                step(T0 + SECOND + 2, give(3), allow(2, 499_998)),
+            ],
+        ),
+        case(
+            "sliding_log_overshoot_saturates_at_u32_max",
+            overshoot(log(5, Unit::Second)),
+            vec![
+                step(T0, take(1 << 32), reject(0, SECOND)),
+                step(T0 + 1, take(1), reject(0, 999_999)),
+                step(T0 + SECOND, take(1), allow(4, SECOND)),
+            ],
+        ),
+        case(
             "sliding_log_allows_exactly_the_limit_then_rejects",
             log(3, Unit::Second),
             vec![

@@ -119,7 +119,6 @@ REFUSED: dict[str, str] = {
     "timezone_with_unit_multiplier_2": limit("unit: day\nrequests_per_unit: 1\ntimezone: UTC\nunit_multiplier: 2"),
     "timezone_empty": limit("unit: day\nrequests_per_unit: 1\ntimezone: ''"),
     "timezone_null": listed("unit: day\nrequests_per_unit: 1\ntimezone:"),
-    "overshoot_with_sliding_log": limit(f"{PER_SECOND}\nalgorithm: sliding_log\novershoot: true"),
     "overshoot_is_a_word": limit(f"{PER_SECOND}\novershoot: always"),
     # replaces
     "replaces_is_a_map": limit(f"{PER_SECOND}\nreplaces: {{name: other}}"),
@@ -190,7 +189,8 @@ ACCEPTED: dict[str, str] = {
         "key: k\nrate_limits:\n"
         "  - {unit: second, requests_per_unit: 1, overshoot: true, algorithm: gcra}\n"
         "  - {unit: minute, requests_per_unit: 2, overshoot: true}\n"
-        "  - {unit: hour, requests_per_unit: 3, overshoot: false, algorithm: sliding_log}"
+        "  - {unit: hour, requests_per_unit: 3, overshoot: true, algorithm: sliding_log}\n"
+        "  - {unit: day, requests_per_unit: 4, overshoot: false, algorithm: sliding_window}"
     ),
     "share_threshold_false_anywhere": descriptor("key: k\nshare_threshold: false"),
     "share_threshold_on_a_wildcard": descriptor(

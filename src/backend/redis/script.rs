@@ -58,11 +58,11 @@ const SOURCE: &str = concat!(
     include_str!("../../../lua/batch.lua"),
 );
 
-/// The second key of a sliding log: the sequence that numbers its members. It keeps the
-/// counter key's `{…}` hash tag, so both keys live in one cluster slot. The script derives
-/// it the same way (`sequence_of` in `lua/sliding_log.lua`).
-pub fn sequence_key(key: &str) -> String {
-    format!("{key}:seq")
+/// The two keys of a sliding log: its entries (a sorted set) and the hits they hold. Both
+/// keep the counter key's `{…}` hash tag, so they live in one cluster slot. The script
+/// derives them the same way (`log_keys` in `lua/sliding_log.lua`).
+pub fn log_keys(key: &str) -> [String; 2] {
+    [format!("{key}:log"), format!("{key}:n")]
 }
 
 /// One counter hit as the script takes it: the counter's full Redis key, its limit, the hit,
@@ -110,7 +110,7 @@ pub enum Target {
 
 /// The Redis keys that hold a counter's state when a hit at `now_micros` reads it: the
 /// counter key; a fixed window's key for the window containing `now_micros`; a sliding log's
-/// and its sequence.
+/// two keys.
 pub fn state_keys(key: &str, limit: &Limit, now_micros: u64) -> Vec<String> {
     match limit.algorithm {
         Algorithm::FixedWindow => {
@@ -125,7 +125,7 @@ pub fn state_keys(key: &str, limit: &Limit, now_micros: u64) -> Vec<String> {
             };
             vec![window_key(key, ends)]
         }
-        Algorithm::SlidingLog => vec![key.to_owned(), sequence_key(key)],
+        Algorithm::SlidingLog => log_keys(key).into(),
         _ => vec![key.to_owned()],
     }
 }
@@ -837,6 +837,6 @@ mod declared {
                 _ => Vec::new(),
             })
             .collect();
-        assert_eq!(declared, [&b"2"[..], b"{t}:k", b"{t}:k:seq"]);
+        assert_eq!(declared, [&b"2"[..], b"{t}:k:log", b"{t}:k:n"]);
     }
 }

@@ -1304,18 +1304,21 @@ fn overshoot_counts_every_charge_of_the_limit_it_is_set_on() {
 }
 
 #[test]
-fn overshoot_on_a_sliding_log_is_an_error_naming_why() {
-    assert_error(
-        "
-        domain: llm
-        descriptors:
-          - key: tenant
-            rate_limit: {unit: hour, requests_per_unit: 10, algorithm: sliding_log, overshoot: true}
-        ",
-        4,
-        "domain llm > tenant",
-        "one entry per unit of cost",
-    );
+fn overshoot_goes_with_every_algorithm() {
+    for algorithm in Algorithm::ALL {
+        let rules = load_ok(&format!(
+            "
+            domain: llm
+            descriptors:
+              - key: tenant
+                rate_limit: {{unit: hour, requests_per_unit: 10, algorithm: {}, overshoot: true}}
+            ",
+            algorithm.name()
+        ));
+        let limits = limits(rule(&rules, "llm.tenant"));
+        assert_eq!(limits[0].limit.algorithm, algorithm);
+        assert!(limits[0].limit.overshoot, "{}", algorithm.name());
+    }
 }
 
 #[test]
