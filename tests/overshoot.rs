@@ -2,7 +2,8 @@
 //! remains is counted in full, the counter goes past its limit, and even a check is refused
 //! until the count is back within it. For every algorithm, on the memory backend, on a real
 //! Redis shared by two floodgates (one of which has the counter in its over-limit cache when
-//! it charges again), and on a real Redis Cluster shared the same way.
+//! it charges again), and on a real Redis Cluster and a primary named by real sentinels,
+//! shared the same way.
 
 mod harness;
 mod redis_harness;
@@ -12,6 +13,7 @@ use floodgate::proto::envoy::service::ratelimit::v3::RateLimitResponse;
 use harness::{Floodgate, OK, OVER_LIMIT, costing, request};
 use redis_harness::RedisServer;
 use redis_harness::cluster::RedisCluster;
+use redis_harness::sentinel::{MASTER, Sentinels};
 
 /// A budget of 10 an hour per tenant, counted past its limit, for each algorithm.
 const RULES: &str = "
@@ -103,6 +105,20 @@ async fn on_a_redis_cluster_two_servers_share_every_charge_past_the_budget() {
         "redis-cluster",
         "--redis-url",
         &cluster.seeds(),
+    ]);
+    charges_past_the_budget_count(&a, &b).await;
+}
+
+#[tokio::test]
+async fn on_a_primary_named_by_sentinels_two_servers_share_every_charge_past_the_budget() {
+    let sentinels = Sentinels::start();
+    let [a, b] = two_sharing(&[
+        "--backend",
+        "redis-sentinel",
+        "--redis-url",
+        &sentinels.urls(),
+        "--redis-sentinel-master",
+        MASTER,
     ]);
     charges_past_the_budget_count(&a, &b).await;
 }
