@@ -18,7 +18,8 @@
 --                    one request's hits, all or nothing (all_or_nothing.lua)
 --
 -- A cost below zero is a give-back of its absolute value. Reply: one flat array, the call's
--- instant first, then per group in order: an 'each' group's hits, two integers each; an 'all'
+-- instant first and the instant it finished second (Redis' TIME again; the supplied time in
+-- tests), then per group in order: an 'each' group's hits, two integers each; an 'all'
 -- group's `applied` (1 | 0 | -1) and then its hits; then the message of every error, in
 -- order. A call past its deadline answers `{instant, 'late'}` and touches no key. A hit's integers are
 -- `code`, remaining + 1 if allowed, -(remaining + 1) if rejected, 0 if it failed; and
@@ -95,7 +96,10 @@ local function limit_at(index)
   return limit
 end
 
-local reply, errors, size = { now }, {}, 1
+-- The second slot is the instant the call finished, filled in at the end: with the first,
+-- it tells the caller how long Redis took to get to this call and run it, whatever the
+-- caller's own delays (src/backend/capacity.rs).
+local reply, errors, size = { now, now }, {}, 2
 local function push(code, reset)
   reply[size + 1] = code
   reply[size + 2] = reset
@@ -175,5 +179,9 @@ end
 for _, text in ipairs(errors) do
   size = size + 1
   reply[size] = text
+end
+if not supplied then
+  local time = call('TIME')
+  reply[2] = tonumber(time[1]) * 1000000 + tonumber(time[2])
 end
 return reply

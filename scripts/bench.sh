@@ -20,6 +20,11 @@
 # flags go to every run, after the script's own, and a flag given twice takes its last value
 # (so `--connections 8` overrides the script's choice).
 #
+# Redis as the bottleneck on a small machine: REDIS_CPU_QUOTA="PERCENT [PERIOD_US]" runs every
+# redis-server under a cgroup CPU quota (../shared/tools/redis-cpu-quota, or REDIS_CPU_QUOTA_TOOL;
+# root and a cgroup cpu controller needed), e.g. REDIS_CPU_QUOTA="20 5000": a fifth of a core in
+# 5 ms periods, so Redis saturates while the server and the load generator keep CPU to spare.
+#
 # Placement, for a many-core machine: TASKSET_SERVER, TASKSET_REDIS, TASKSET_LOADGEN are cpu
 # lists for `taskset -c` (empty: no pinning); SERVER_THREADS becomes the server's
 # TOKIO_WORKER_THREADS. Ports: PORT_BASE (default 18000; HTTP on +80, gRPC on +81),
@@ -59,14 +64,23 @@ pin_server=() pin_redis=() pin_loadgen=()
 # A throwaway redis-server on `port`: its pid to kill at exit, and to the bench its pid (for
 # CPU time) and address (for command counts).
 redis_flags=()
+redis_server=(redis-server)
+if [ -n "${REDIS_CPU_QUOTA:-}" ]; then
+    # The tool runs redis-server itself, with the arguments after `--`.
+    # shellcheck disable=SC2206 # PERCENT and PERIOD_US are two words
+    redis_server=("${REDIS_CPU_QUOTA_TOOL:-../shared/tools/redis-cpu-quota}" $REDIS_CPU_QUOTA --)
+fi
 start_redis() {
     local port=$1
     shift
-    "${pin_redis[@]}" redis-server --port "$port" --bind 127.0.0.1 --save "" --appendonly no \
-        --logfile /dev/null "$@" >/dev/null &
+    "${pin_redis[@]}" "${redis_server[@]}" --port "$port" --bind 127.0.0.1 --save "" \
+        --appendonly no --logfile /dev/null "$@" >/dev/null &
     pids+=($!)
-    redis_flags+=(--redis-pid "$!" --redis-addr "127.0.0.1:$port")
     until redis-cli -p "$port" ping >/dev/null 2>&1; do sleep 0.05; done
+    # Under a quota $! is the wrapper's shell; Redis names its own pid (for its CPU time).
+    local pid
+    pid=$(redis-cli -p "$port" info server | tr -d '\r' | awk -F: '$1 == "process_id" { print $2 }')
+    redis_flags+=(--redis-pid "$pid" --redis-addr "127.0.0.1:$port")
 }
 
 serve_flags=(--backend "$backend")

@@ -334,8 +334,8 @@ async fn serve(settings: Settings) -> anyhow::Result<()> {
             } else {
                 RedisBackend::sentinel(redis_options, clock.clone())?
             };
-            if let Err(error) = redis.load_scripts().await {
-                tracing::warn!(%error, "could not load the scripts into redis yet");
+            if let Err(error) = redis.prepare().await {
+                tracing::warn!(%error, "could not connect to redis and load the scripts yet");
             }
             Backend::remote(Store::Redis(Arc::new(redis)), breaker(), over_limit())
         }

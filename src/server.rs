@@ -36,7 +36,7 @@ use crate::listener::{Acceptor, Timeouts};
 use crate::proto::FILE_DESCRIPTOR_SET;
 use crate::proto::envoy::service::ratelimit::v3::rate_limit_service_server::RateLimitServiceServer;
 use crate::service::RateLimiter;
-use crate::service::grpc::GrpcService;
+use crate::service::grpc::{GrpcService, StampArrival};
 use crate::settings::ConnectionLimits;
 use crate::socket::{Connection, Listener};
 use crate::tls::ServerTls;
@@ -216,6 +216,7 @@ pub async fn start(
         .http2_keepalive_interval(Some(keepalive))
         .http2_keepalive_timeout(Some(keepalive))
         .timeout(millis(limits.request_timeout_ms))
+        .layer(tower::layer::layer_fn(StampArrival))
         .add_service(health_service)
         .add_service(reflection)
         .add_service(RateLimitServiceServer::new(GrpcService(limiter.clone())))

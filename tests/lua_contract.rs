@@ -723,10 +723,15 @@ async fn a_call_run_past_its_deadline_decides_nothing_and_writes_nothing() {
 
         // At its deadline the call is still in time.
         let on_time = lua_support::answer(&mut connection, &scripts, &groups, at, Some(at)).await;
-        let Ok(BatchAnswer::Decided { now_micros, reply }) = on_time else {
+        let Ok(BatchAnswer::Decided {
+            now_micros,
+            finished_micros,
+            reply,
+        }) = on_time
+        else {
             panic!("{name_of}: {on_time:?}");
         };
-        assert_eq!(now_micros, at, "{name_of}");
+        assert_eq!((now_micros, finished_micros), (at, at), "{name_of}");
         let decision = reply.decisions[0].clone().expect("a decision");
         assert!(decision.allowed, "{name_of}");
         let check = lua_support::hit(&mut connection, &scripts, &key, &limit, Hits::take(0), at)

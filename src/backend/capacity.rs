@@ -7,13 +7,24 @@
 //! exceed it is shed at once, before it waits for anything, and its rules' `on_backend_error`
 //! answers it.
 //!
-//! The limit adapts to what Redis achieves, whoever else loads it (other replicas, other
-//! clients): each answered call reports how long its oldest hit waited. A wait above the
-//! target (a fraction of the command timeout) shrinks the limit by a factor, at most once per
-//! target interval; a wait within it, on a connection that used at least half its limit,
-//! grows it by the call's size (additive increase, multiplicative decrease, as TCP's
-//! congestion window). The target sits well inside the timeout, so admitted requests are
-//! answered by Redis and a busy Redis never looks like a dead one.
+//! **What Redis takes, not what this server manages.** The limit follows Redis alone: each
+//! answered call reports how long Redis took with it, from the moment it was sent until the
+//! script finished, read on Redis' own clock (the script reports when it started and ended;
+//! `deadline.rs` maps the send to Redis' clock). That span holds the way there, Redis' queue
+//! (other clients, other replicas, a CPU quota) and the script's run, and none of the time
+//! this server takes to get to the reply: a server short of CPU is slow at everything, and
+//! shedding would only turn work Redis could do into failure answers. What the span holds
+//! beyond the least span seen lately (the way there and back, the clocks' uncertainty) is
+//! Redis' queueing. Queueing above the target (a fraction of the command timeout) shrinks
+//! the limit by a factor, at most once per target interval; queueing within it, on a
+//! connection that used at least half its limit, grows it by the call's size (additive
+//! increase, multiplicative decrease, as TCP's congestion window). The target sits well
+//! inside the timeout, so admitted requests are answered by Redis and a busy Redis never
+//! looks like a dead one.
+//!
+//! **Deadlines.** A request whose deadline is nearer than the whole wait calls have lately
+//! had (this server's share included) would be answered too late whatever Redis does: it is
+//! refused at once.
 
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -21,24 +32,31 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
+use super::recent::RecentLeast;
+
 /// The smallest limit: a connection always admits this many hits, however slow Redis looks.
 const FLOOR: usize = 32;
 /// The largest limit: beyond it a Redis that answers fast gains nothing from more queueing.
 const CEILING: usize = 1 << 20;
 /// Where a new connection starts.
 const INITIAL: usize = 4096;
-/// What a wait above the target does to the limit.
+/// What queueing above the target does to the limit.
 const DECREASE: f64 = 0.75;
+/// How long the least span Redis took is remembered: one to two of these.
+const SPAN_EPOCH: Duration = Duration::from_secs(10);
 
 /// The in-flight limit of one connection and the hits in flight on it.
-#[derive(Debug)]
 pub struct Capacity {
     in_flight: AtomicUsize,
     limit: AtomicUsize,
-    /// The wait a call's oldest hit may have before the limit shrinks.
+    /// The queueing in Redis a call may meet before the limit shrinks.
     target: Duration,
-    /// Recent waits of answered calls, smoothed (µs): what a new request can expect.
+    /// Recent waits of answered calls' oldest requests, smoothed (µs): what a new request
+    /// can expect, whoever is slow.
     expected_wait_micros: AtomicU64,
+    /// The least span Redis took with a call lately (µs): the part of every span that is
+    /// not queueing.
+    quickest_span: RecentLeast,
     /// When the limit last shrank: it shrinks at most once per target interval, so one slow
     /// moment (many calls answered together) counts once.
     last_decrease: Mutex<Option<Instant>>,
@@ -53,14 +71,25 @@ pub enum Refusal {
     TooLate,
 }
 
+/// What an answered call tells about the wait.
+#[derive(Debug, Clone, Copy)]
+pub struct CallTimes {
+    /// How long the call's oldest request waited, from its admission to the answer.
+    pub waited: Duration,
+    /// How long Redis took with the call, from its send to the script's end, on Redis'
+    /// clock; `None` when that clock is not known yet.
+    pub redis_span: Option<Duration>,
+}
+
 impl Capacity {
-    /// A connection whose calls should wait no more than `target`.
+    /// A connection whose calls should meet no more than `target` of queueing in Redis.
     pub fn new(target: Duration) -> Self {
         Capacity {
             in_flight: AtomicUsize::new(0),
             limit: AtomicUsize::new(INITIAL),
             target: target.max(Duration::from_micros(100)),
             expected_wait_micros: AtomicU64::new(0),
+            quickest_span: RecentLeast::new(SPAN_EPOCH),
             last_decrease: Mutex::new(None),
         }
     }
@@ -97,17 +126,23 @@ impl Capacity {
         self.in_flight.fetch_sub(hits, Ordering::AcqRel);
     }
 
-    /// A call of `hits` hits was answered; its oldest hit had waited `waited` since it was
-    /// admitted.
-    pub fn answered(&self, hits: usize, waited: Duration, now: Instant) {
-        let micros = u64::try_from(waited.as_micros()).unwrap_or(u64::MAX);
+    /// A call of `hits` hits was answered at `now`, with `times`.
+    pub fn answered(&self, hits: usize, times: CallTimes, now: Instant) {
+        let micros = |d: Duration| u64::try_from(d.as_micros()).unwrap_or(u64::MAX);
         let expected = self.expected_wait_micros.load(Ordering::Relaxed);
         // An exponentially weighted mean over the last ~8 calls.
-        let smoothed = expected - expected / 8 + micros / 8;
+        let smoothed = expected - expected / 8 + micros(times.waited) / 8;
         self.expected_wait_micros.store(smoothed, Ordering::Relaxed);
 
+        let Some(span) = times.redis_span else {
+            return;
+        };
+        let span = i64::try_from(micros(span)).unwrap_or(i64::MAX);
+        self.quickest_span.observe(span, now);
+        let quickest = self.quickest_span.least().unwrap_or(span);
+        let queueing = Duration::from_micros(span.saturating_sub(quickest).unsigned_abs());
         let limit = self.limit.load(Ordering::Relaxed);
-        if waited > self.target {
+        if queueing > self.target {
             let mut last = self
                 .last_decrease
                 .lock()
@@ -139,9 +174,19 @@ mod tests {
     use super::*;
 
     const TARGET: Duration = Duration::from_millis(5);
+    /// What Redis takes with a call that meets no queue: the way there and the run.
+    const QUICK: Duration = Duration::from_micros(300);
 
     fn later(now: Instant, millis: u64) -> Instant {
         now + Duration::from_millis(millis)
+    }
+
+    /// A call whose oldest request waited `waited` and which Redis held for `span`.
+    fn times(waited: Duration, span: Duration) -> CallTimes {
+        CallTimes {
+            waited,
+            redis_span: Some(span),
+        }
     }
 
     #[test]
@@ -165,51 +210,98 @@ mod tests {
         assert_eq!(capacity.admit(10 * INITIAL, now, later(now, 15)), Ok(()));
     }
 
-    #[test]
-    fn slow_answers_shrink_the_limit_once_per_target_interval_down_to_the_floor() {
+    #[tokio::test(start_paused = true)]
+    async fn queueing_in_redis_shrinks_the_limit_once_per_target_interval_down_to_the_floor() {
         let capacity = Capacity::new(TARGET);
         let now = Instant::now();
-        capacity.answered(100, TARGET * 2, now);
-        capacity.answered(100, TARGET * 2, later(now, 1));
+        capacity.answered(100, times(QUICK, QUICK), now);
+        let queued = QUICK + TARGET * 2;
+        capacity.answered(100, times(queued, queued), now);
+        capacity.answered(100, times(queued, queued), later(now, 1));
         let once = (INITIAL as f64 * DECREASE) as usize;
         assert_eq!(capacity.limit(), once);
         for step in 1..200 {
-            capacity.answered(100, TARGET * 2, later(now, 5 * step));
+            capacity.answered(100, times(queued, queued), later(now, 5 * step));
         }
         assert_eq!(capacity.limit(), FLOOR);
     }
 
-    #[test]
-    fn timely_answers_grow_a_limit_that_is_in_use() {
+    #[tokio::test(start_paused = true)]
+    async fn a_server_slow_to_read_its_replies_keeps_its_limit() {
         let capacity = Capacity::new(TARGET);
         let now = Instant::now();
-        capacity.answered(100, TARGET / 2, now);
+        capacity
+            .admit(INITIAL / 2, now, later(now, 500))
+            .expect("room");
+        for step in 0..100 {
+            // The requests waited 40 ms, but Redis ran each call as soon as it came.
+            let waited = Duration::from_millis(40);
+            capacity.answered(10, times(waited, QUICK), later(now, step));
+        }
+        assert!(capacity.limit() > INITIAL, "{}", capacity.limit());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_distant_redis_is_not_a_queueing_one() {
+        let capacity = Capacity::new(TARGET);
+        let now = Instant::now();
+        capacity
+            .admit(INITIAL / 2, now, later(now, 500))
+            .expect("room");
+        // 8 ms there and back, above the target, every time: that is distance, not a queue.
+        let distant = Duration::from_millis(8);
+        for step in 0..100 {
+            capacity.answered(10, times(distant, distant), later(now, 8 * step));
+        }
+        assert!(capacity.limit() > INITIAL, "{}", capacity.limit());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn without_redis_time_the_limit_stays() {
+        let capacity = Capacity::new(TARGET);
+        let now = Instant::now();
+        capacity
+            .admit(INITIAL / 2, now, later(now, 500))
+            .expect("room");
+        let unknown = CallTimes {
+            waited: TARGET * 4,
+            redis_span: None,
+        };
+        capacity.answered(100, unknown, now);
+        assert_eq!(capacity.limit(), INITIAL);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn timely_answers_grow_a_limit_that_is_in_use() {
+        let capacity = Capacity::new(TARGET);
+        let now = Instant::now();
+        capacity.answered(100, times(TARGET / 2, QUICK), now);
         assert_eq!(capacity.limit(), INITIAL, "an unused limit does not grow");
         capacity
             .admit(INITIAL / 2, now, later(now, 15))
             .expect("room");
-        capacity.answered(100, TARGET / 2, now);
+        capacity.answered(100, times(TARGET / 2, QUICK), now);
         assert_eq!(capacity.limit(), INITIAL + 100);
     }
 
-    #[test]
-    fn a_deadline_nearer_than_the_recent_wait_is_refused_at_once() {
+    #[tokio::test(start_paused = true)]
+    async fn a_deadline_nearer_than_the_recent_wait_is_refused_at_once() {
         let capacity = Capacity::new(TARGET);
         let now = Instant::now();
         for _ in 0..64 {
-            capacity.answered(1, Duration::from_millis(4), now);
+            capacity.answered(1, times(Duration::from_millis(4), QUICK), now);
         }
         capacity.admit(1, now, later(now, 10)).expect("room");
         assert_eq!(capacity.admit(1, now, later(now, 2)), Err(Refusal::TooLate));
         assert_eq!(capacity.admit(1, now, later(now, 10)), Ok(()));
     }
 
-    #[test]
-    fn an_idle_connection_admits_whatever_the_waits_before() {
+    #[tokio::test(start_paused = true)]
+    async fn an_idle_connection_admits_whatever_the_waits_before() {
         let capacity = Capacity::new(TARGET);
         let now = Instant::now();
         for _ in 0..64 {
-            capacity.answered(1, Duration::from_millis(40), now);
+            capacity.answered(1, times(Duration::from_millis(40), QUICK), now);
         }
         assert_eq!(capacity.admit(1, now, later(now, 2)), Ok(()));
     }

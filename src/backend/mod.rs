@@ -9,6 +9,7 @@ pub mod breaker;
 mod capacity;
 pub mod memory;
 mod over_limit;
+mod recent;
 pub mod redis;
 
 use std::borrow::Cow;

@@ -410,14 +410,18 @@ pub enum Code {
     /// The backend failed and the rule left the answer to the caller (gRPC UNAVAILABLE,
     /// HTTP 503).
     Unavailable,
+    /// The caller's deadline had passed when floodgate got to the request: refused without
+    /// any work (gRPC DEADLINE_EXCEEDED).
+    DeadlineExceeded,
 }
 
 impl Code {
-    const ALL: [Code; 4] = [
+    const ALL: [Code; 5] = [
         Code::Ok,
         Code::OverLimit,
         Code::InvalidArgument,
         Code::Unavailable,
+        Code::DeadlineExceeded,
     ];
 
     pub fn name(self) -> &'static str {
@@ -426,6 +430,7 @@ impl Code {
             Code::OverLimit => "OVER_LIMIT",
             Code::InvalidArgument => "INVALID_ARGUMENT",
             Code::Unavailable => "UNAVAILABLE",
+            Code::DeadlineExceeded => "DEADLINE_EXCEEDED",
         }
     }
 }

@@ -25,7 +25,21 @@ impl RateLimitService for GrpcService {
         request: Request<RateLimitRequest>,
     ) -> Result<Response<RateLimitResponse>, Status> {
         let started = Instant::now();
-        let deadline = answer_by(&request, started);
+        // The caller's deadline counts from when the request arrived, however long this
+        // server took to get to it; one already past is refused before any work.
+        let arrived = request
+            .extensions()
+            .get::<Arrived>()
+            .map_or(started, |a| a.0);
+        let deadline = answer_by(&request, arrived);
+        if deadline.is_some_and(|deadline| deadline <= started) {
+            let metrics = self.0.metrics().requests(Endpoint::GrpcShouldRateLimit);
+            metrics.record(Code::DeadlineExceeded, started.elapsed());
+            return Err(Status::deadline_exceeded(
+                "the caller's deadline passed before floodgate got to the request; nothing was \
+                 counted",
+            ));
+        }
         let span = (self.0.telemetry()).map(|telemetry| {
             let asked = request.get_ref();
             telemetry.decision(
@@ -45,6 +59,38 @@ impl RateLimitService for GrpcService {
             span.finish(code);
         }
         result.map(Response::new).map_err(Status::from)
+    }
+}
+
+/// When a request's headers arrived: stamped by [`StampArrival`] before the request waits
+/// for a task of its own, so that an overloaded server measures the caller's deadline from
+/// when the caller sent it.
+#[derive(Debug, Clone, Copy)]
+pub struct Arrived(pub Instant);
+
+/// A layer's service that stamps every request with [`Arrived`] as the connection hands it
+/// over.
+#[derive(Debug, Clone)]
+pub struct StampArrival<S>(pub S);
+
+impl<S, B> tower::Service<http::Request<B>> for StampArrival<S>
+where
+    S: tower::Service<http::Request<B>>,
+{
+    type Response = S::Response;
+    type Error = S::Error;
+    type Future = S::Future;
+
+    fn poll_ready(
+        &mut self,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<(), Self::Error>> {
+        self.0.poll_ready(cx)
+    }
+
+    fn call(&mut self, mut request: http::Request<B>) -> Self::Future {
+        request.extensions_mut().insert(Arrived(Instant::now()));
+        self.0.call(request)
     }
 }
 

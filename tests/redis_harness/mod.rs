@@ -6,11 +6,13 @@
 //! [`sentinel::Sentinels`] a primary, a replica and three sentinels; [`Access`] makes a server
 //! TLS-only ([`tls::Certificates`]) or closed to all but one ACL user; a
 //! [`partition::Partition`] relays to one and can cut it off like a network partition;
-//! [`netns::IsolatedRedis`] runs one on a host of its own that iptables partitions for real.
+//! [`netns::IsolatedRedis`] runs one on a host of its own that iptables partitions for real;
+//! a [`delay::DelayedLink`] puts one a few milliseconds away.
 
 #![allow(dead_code)]
 
 pub mod cluster;
+pub mod delay;
 pub mod netns;
 pub mod partition;
 pub mod sentinel;

@@ -10,37 +10,52 @@
 //! and more server CPU per decision; docs/decisions.md.)
 //!
 //! **Overload.** The queue is bounded by [`Capacity`]: a request that would exceed the
-//! connection's in-flight limit, or whose deadline is nearer than calls have lately waited,
-//! is refused before it waits, with [`BackendError::Overloaded`].
+//! connection's in-flight limit (which follows how long Redis itself takes with the calls),
+//! or whose deadline is nearer than calls have lately waited, is refused before it waits,
+//! with [`BackendError::Overloaded`].
+//!
+//! **Two bounds.** A request waits for its turn until its own deadline (the caller's, or the
+//! command timeout when it gave none); a call, once sent, waits for Redis at most the command
+//! timeout. So a server that is slow to get to its requests (short of CPU) does not fail them
+//! while Redis answers in time, and a Redis that stalls costs each call one timeout.
 //!
 //! **Never counted once answered.** A request that stops waiting (its deadline passed) before
 //! its call is sent is left out of the call. A call that is out carries the earliest deadline
-//! of its requests, on Redis' clock (`deadline.rs`): if Redis runs it later, it decides
-//! nothing, and the requests that still have time go again in a new call. So a request
-//! answered by a timeout (and its rule's failure policy) is not counted in Redis as well.
+//! of its requests (or its own bound, if sooner), on Redis' clock (`deadline.rs`): if Redis
+//! runs it later, it decides nothing, and the requests that still have time go again in a new
+//! call. So a request answered by a timeout (and its rule's failure policy) is not counted in
+//! Redis as well.
 //!
-//! **A broken connection** (an exchange error, or a call that got no reply while nothing at
-//! all came back on the connection) is [`reset`](Link::reset): a standalone server's is
-//! dropped and the next call opens a new one.
+//! **Connections are prepared off the request path.** Opening a connection, loading the
+//! script and (once per server) reading its clock run in a task of their own, which no
+//! request's deadline cancels: a Redis a few milliseconds away, where those round trips add
+//! up to more than a timeout, is still connected, and requests wait for it only as long as
+//! their own deadline allows.
+//!
+//! **A connection that answers is kept.** A call that runs out of time leaves its reply to
+//! come: the connection reads and discards it when it does. Only a connection that fails an
+//! exchange, or has answered nothing at all for [`SILENCE`] (at least twice the command
+//! timeout) while calls were waiting, is [`reset`](Link::reset) and prepared anew.
 //!
 //! A lane does not know what it talks to: a [`Link`] sends its calls, to a standalone server
 //! (`ServerLink` in `mod.rs`) or to one node of a cluster (`cluster.rs`).
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use deadpool_redis::redis;
 use futures_util::StreamExt;
-use futures_util::future::BoxFuture;
+use futures_util::future::{BoxFuture, FutureExt, Shared as SharedFuture};
 use futures_util::stream::FuturesUnordered;
 use tokio::sync::{mpsc, oneshot};
-use tokio::time::{Instant, timeout_at};
+use tokio::time::{Instant, timeout, timeout_at};
 
 use super::deadline::RedisClock;
 use super::script::{self, Group, Mode, PlannedHit, ScriptClock, Scripts, Target};
 use super::{Results, batch_results, is_noscript, lock};
 use crate::backend::BackendError;
-use crate::backend::capacity::{Capacity, Refusal};
+use crate::backend::capacity::{CallTimes, Capacity, Refusal};
 use crate::clock::Clock;
 use crate::limiter::{Decision, Hits, Limit};
 
@@ -48,6 +63,9 @@ use crate::limiter::{Decision, Hits, Limit};
 const CALLS_IN_FLIGHT: usize = 1;
 /// Requests per script call, so that one call never holds Redis for long.
 const REQUESTS_PER_CALL: usize = 256;
+/// How long a connection may answer nothing while calls wait before it counts as dead (or
+/// twice the command timeout, if longer): a partition or a stopped server, not a slow one.
+const SILENCE: Duration = Duration::from_millis(100);
 
 /// How a lane reaches the server its calls run on.
 pub(super) trait Link: Send + Sync + 'static {
@@ -68,11 +86,13 @@ pub(super) trait Link: Send + Sync + 'static {
     fn reset(&self);
 }
 
-/// What every lane needs besides its link: the script, the command timeout and the local
-/// clock (for calendar windows only).
+/// What every lane needs besides its link: the script, the timeouts and the local clock
+/// (for calendar windows only).
 pub(super) struct Shared {
     pub scripts: Scripts,
     pub command_timeout: Duration,
+    /// Bound on preparing a connection: opening it, then a round trip or two.
+    pub connect_timeout: Duration,
     pub clock: Arc<dyn Clock>,
 }
 
@@ -101,24 +121,40 @@ pub(super) struct Lane<L: Link> {
     queue: OnceLock<mpsc::UnboundedSender<Request>>,
 }
 
+/// The preparation of a connection, shared by every call that waits for it.
+type Preparation = SharedFuture<BoxFuture<'static, Result<(), BackendError>>>;
+
+/// Whether the lane's connection is open, with the script loaded and the server's clock read.
+enum Readiness {
+    Unprepared,
+    Preparing(Preparation),
+    Ready,
+}
+
 /// What the driver and its calls share.
 struct LaneState<L> {
     link: L,
     shared: Arc<Shared>,
-    /// The server's clock as this lane's replies show it, for the calls' deadlines.
+    /// The server's clock as its replies show it, for the calls' deadlines (shared by every
+    /// lane to that server).
     redis_clock: Arc<RedisClock>,
     capacity: Capacity,
-    /// When a reply last came back on this lane's connection (for telling a dead connection
-    /// from a slow Redis).
-    last_reply: Mutex<Option<Instant>>,
+    readiness: Mutex<Readiness>,
+    /// Since when calls on this connection have waited with no reply at all; `None` while it
+    /// answers.
+    silent_since: Mutex<Option<Instant>>,
+    /// How late this process has lately been in reading replies (µs), a maximum that decays:
+    /// a call waits this much past the command timeout for a verdict Redis gave in time.
+    reading_lag_micros: AtomicU64,
 }
 
 impl<L: Link> Lane<L> {
     /// A lane to the server behind `link`, whose clock `redis_clock` follows (lanes to one
     /// server share it).
     pub fn new(link: L, shared: Arc<Shared>, redis_clock: Arc<RedisClock>) -> Self {
-        // Calls should wait no more than half the timeout, so the ones Redis decides are
-        // answered within it even when the wait doubles before the limit catches up.
+        // Redis should queue a call for no more than half the timeout, so the calls it
+        // decides are answered within it even when the queue doubles before the limit
+        // catches up.
         let target = shared.command_timeout / 2;
         Lane {
             state: Arc::new(LaneState {
@@ -126,7 +162,9 @@ impl<L: Link> Lane<L> {
                 shared,
                 redis_clock,
                 capacity: Capacity::new(target),
-                last_reply: Mutex::new(None),
+                readiness: Mutex::new(Readiness::Unprepared),
+                silent_since: Mutex::new(None),
+                reading_lag_micros: AtomicU64::new(0),
             }),
             queue: OnceLock::new(),
         }
@@ -170,15 +208,25 @@ impl<L: Link> Lane<L> {
         }
     }
 
-    /// Loads the script through this lane's connection (at start-up, and as the breaker's
-    /// probe); a failure resets the connection.
+    /// Loads the script through this lane's connection (the breaker's probe); a failure
+    /// resets the connection.
     pub async fn load_scripts(&self) -> Result<(), BackendError> {
         let state = &self.state;
         let result = state.link.load_scripts(&state.shared.scripts).await;
         if result.is_err() {
-            state.link.reset();
+            state.drop_connection();
         }
         result
+    }
+
+    /// Opens and prepares this lane's connection, if it is not ready yet (at start-up).
+    pub async fn prepare(&self) -> Result<(), BackendError> {
+        self.state.ready().await
+    }
+
+    /// Whether the connection is open and prepared: a request sent here waits for no set-up.
+    pub fn is_ready(&self) -> bool {
+        matches!(*lock(&self.state.readiness), Readiness::Ready)
     }
 
     /// One command on this lane's connection, outside the batched calls (admin work).
@@ -197,6 +245,106 @@ impl<L: Link> Lane<L> {
             tokio::spawn(drive(self.state.clone(), receiver));
             sender
         })
+    }
+}
+
+impl<L: Link> LaneState<L> {
+    /// Waits until the connection is prepared, starting the preparation if none is under
+    /// way. The preparation runs in a task of its own: a caller that stops waiting leaves it
+    /// to finish for the next one.
+    async fn ready(self: &Arc<Self>) -> Result<(), BackendError> {
+        let preparation = {
+            let mut readiness = lock(&self.readiness);
+            match &*readiness {
+                Readiness::Ready => return Ok(()),
+                Readiness::Preparing(preparation) => preparation.clone(),
+                Readiness::Unprepared => {
+                    let task = tokio::spawn(self.clone().prepare());
+                    let preparation = async move {
+                        task.await.unwrap_or_else(|error| {
+                            Err(BackendError::NothingCounted(format!(
+                                "redis connection set-up failed: {error}"
+                            )))
+                        })
+                    }
+                    .boxed()
+                    .shared();
+                    *readiness = Readiness::Preparing(preparation.clone());
+                    preparation
+                }
+            }
+        };
+        preparation.await
+    }
+
+    /// Opens the connection (the first command does), reads the server's clock if no lane
+    /// to it has yet, and loads the script; then marks the lane ready, or unprepared again.
+    async fn prepare(self: Arc<Self>) -> Result<(), BackendError> {
+        let bound = self.shared.connect_timeout + 2 * self.shared.command_timeout;
+        let steps = async {
+            if !self.redis_clock.knows_offset() {
+                read_redis_clock(&self).await?;
+            }
+            self.link.load_scripts(&self.shared.scripts).await
+        };
+        let result = match timeout(bound, steps).await {
+            Ok(result) => result,
+            Err(_) => Err(BackendError::NothingCounted(format!(
+                "redis connection not ready within {bound:?}"
+            ))),
+        };
+        let mut readiness = lock(&self.readiness);
+        if result.is_ok() {
+            *readiness = Readiness::Ready;
+            *lock(&self.silent_since) = None;
+        } else {
+            *readiness = Readiness::Unprepared;
+            self.link.reset();
+        }
+        result
+    }
+
+    /// How long Redis took with a call, from its send to the script's end, on Redis' clock.
+    fn redis_span(&self, ran: &Ran) -> Option<Duration> {
+        let sent_at = self.redis_clock.redis_time_at(ran.sent)?;
+        Some(Duration::from_micros(
+            ran.finished_at?.saturating_sub(sent_at),
+        ))
+    }
+
+    /// Takes the lag of a reply the script finished at `finished_at` (Redis' clock) and this
+    /// process read at `received`: the largest lately, decaying by 1/16 per reply.
+    fn note_reading_lag(&self, finished_at: u64, received: Instant) {
+        let Some(lag) = self.redis_clock.lag(finished_at, received) else {
+            return;
+        };
+        let lag = u64::try_from(lag.as_micros()).unwrap_or(u64::MAX);
+        let recent = self.reading_lag_micros.load(Ordering::Relaxed);
+        let decayed = recent - recent / 16;
+        self.reading_lag_micros
+            .store(lag.max(decayed), Ordering::Relaxed);
+    }
+
+    /// The connection looks broken: the next call prepares a new one.
+    fn drop_connection(&self) {
+        let mut readiness = lock(&self.readiness);
+        if matches!(*readiness, Readiness::Ready) {
+            *readiness = Readiness::Unprepared;
+        }
+        self.link.reset();
+    }
+
+    /// A call sent at `sent` ran out of time: the connection is dropped only if nothing has
+    /// come back on it for [`SILENCE`] (a reply on its way is read and discarded when it comes).
+    fn timed_out_since(&self, sent: Instant, now: Instant) {
+        let silence = SILENCE.max(2 * self.shared.command_timeout);
+        let mut silent_since = lock(&self.silent_since);
+        let since = *silent_since.get_or_insert(sent);
+        if now.saturating_duration_since(since) >= silence {
+            *silent_since = None;
+            drop(silent_since);
+            self.drop_connection();
+        }
     }
 }
 
@@ -233,39 +381,23 @@ async fn drive<L: Link>(state: Arc<LaneState<L>>, mut queue: mpsc::UnboundedRece
     while calls.next().await.is_some() {}
 }
 
-/// One script call for `requests` (more if Redis runs it too late for some of them),
-/// bounded by the command timeout from when it is sent (no request waits longer than that);
-/// each request gets its results, and its room in the lane back.
+/// One script call for `requests` (more if Redis runs it too late for some of them), once
+/// the connection is ready: each request gets its results, and its room in the lane back.
 async fn call<L: Link>(state: Arc<LaneState<L>>, mut requests: Vec<Request>) {
-    let oldest = requests.iter().map(|r| r.admitted).min();
-    let sent = Instant::now();
-    let bound = sent + state.shared.command_timeout;
-    let outcome = timeout_at(bound, exchange_in_time(&state, &mut requests)).await;
-    let now = Instant::now();
-    let hits: usize = requests.iter().map(|r| r.hits.len()).sum();
-    let results: Vec<Vec<Result<Decision, BackendError>>> = match outcome {
-        Ok(Ok(results)) => {
-            let waited = now.saturating_duration_since(oldest.unwrap_or(sent));
-            state.capacity.answered(hits, waited, now);
-            results
-        }
-        Ok(Err(error)) => {
-            // Possibly a dead socket: the next call opens a new connection.
-            state.link.reset();
-            requests
-                .iter()
-                .map(|r| vec![Err(error.clone()); r.hits.len()])
-                .collect()
-        }
-        Err(_) => {
-            // Nothing came back on this connection since the call went out: it may be dead
-            // (a partition) rather than slow; the next call opens a new one.
-            if lock(&state.last_reply).is_none_or(|at| at < sent) {
-                state.link.reset();
-            }
-            requests.iter().map(|r| timed_out(&state, r)).collect()
-        }
+    let latest = requests.iter().map(|r| r.deadline).max();
+    let results = match timeout_at(latest.unwrap_or_else(Instant::now), state.ready()).await {
+        Ok(Ok(())) => send(&state, &mut requests).await,
+        // Nothing was sent: the requests may go again.
+        Ok(Err(error)) => answer_all(&requests, |_| error.clone()),
+        Err(_) => answer_all(&requests, |request| {
+            let waited = request.deadline.saturating_duration_since(request.admitted);
+            BackendError::NothingCounted(format!(
+                "redis connection not ready within {waited:?}; nothing was sent"
+            ))
+        }),
     };
+    // The requests that left on the way (their deadline passed) gave their room back.
+    let hits: usize = requests.iter().map(|r| r.hits.len()).sum();
     state.capacity.release(hits);
     for (request, results) in requests.into_iter().zip(results) {
         // A caller that stopped waiting has its answer already.
@@ -273,43 +405,127 @@ async fn call<L: Link>(state: Arc<LaneState<L>>, mut requests: Vec<Request>) {
     }
 }
 
-/// Sends `requests` in one call with the earliest of their deadlines, and again, with those
-/// that still have time, for as long as Redis runs the call too late; the requests whose
-/// deadline passed meanwhile are answered (timed out) and leave `requests`. The results are
-/// those of the requests that stay, in order.
+/// Sends the call (again, with the requests that still have time, while Redis runs it too
+/// late), and reads what it says of the wait into the lane's capacity.
+async fn send<L: Link>(
+    state: &LaneState<L>,
+    requests: &mut Vec<Request>,
+) -> Vec<Vec<Result<Decision, BackendError>>> {
+    let oldest = requests.iter().map(|r| r.admitted).min();
+    match exchange_in_time(state, requests).await {
+        Ok((results, ran)) => {
+            let now = Instant::now();
+            let hits = requests.iter().map(|r| r.hits.len()).sum();
+            let times = CallTimes {
+                waited: now.saturating_duration_since(oldest.unwrap_or(ran.sent)),
+                redis_span: state.redis_span(&ran),
+            };
+            state.capacity.answered(hits, times, now);
+            results
+        }
+        Err(Failure::Broken(error)) => {
+            // Possibly a dead socket: the next call opens a new connection.
+            state.drop_connection();
+            answer_all(requests, |_| error.clone())
+        }
+        Err(Failure::Unanswered { sent }) => {
+            state.timed_out_since(sent, Instant::now());
+            requests.iter().map(|r| timed_out(state, r)).collect()
+        }
+    }
+}
+
+/// `error` (made for each request) for every hit of every request.
+fn answer_all(
+    requests: &[Request],
+    error: impl Fn(&Request) -> BackendError,
+) -> Vec<Vec<Result<Decision, BackendError>>> {
+    (requests.iter())
+        .map(|request| vec![Err(error(request)); request.hits.len()])
+        .collect()
+}
+
+/// When a call that Redis answered went out (locally), and when it finished on Redis' clock
+/// (`None` when the reply did not say).
+struct Ran {
+    sent: Instant,
+    finished_at: Option<u64>,
+}
+
+/// Why a call has no verdict.
+enum Failure {
+    /// The exchange failed: the connection may be broken.
+    Broken(BackendError),
+    /// No reply came in time for the call sent at `sent`.
+    Unanswered { sent: Instant },
+}
+
+/// Sends `requests` in one call. Redis runs it by the earliest of their deadlines and the
+/// command timeout from now, or not at all; its verdict is waited for that long, and as much
+/// again as this process has lately been late in reading replies (at least the command
+/// timeout): a server short of CPU reads its replies late, and a verdict Redis gave in time
+/// is no less valid for it. A call Redis ran too late is sent again with the requests that
+/// still have time; the others are answered (nothing was counted) and leave `requests`. The
+/// results are those of the requests that stay, in order.
 async fn exchange_in_time<L: Link>(
     state: &LaneState<L>,
     requests: &mut Vec<Request>,
-) -> Result<Vec<Vec<Result<Decision, BackendError>>>, BackendError> {
-    if !state.redis_clock.knows_offset() {
-        // The lane's first call (or its server's clock was never read): one round trip
-        // more, once, so that no call goes out without a deadline.
-        read_redis_clock(state).await?;
-    }
+) -> Result<(Vec<Vec<Result<Decision, BackendError>>>, Ran), Failure> {
+    let timeout = state.shared.command_timeout;
     loop {
+        let sent = Instant::now();
         let Some(earliest) = requests.iter().map(|r| r.deadline).min() else {
-            return Ok(Vec::new());
+            let nothing = Ran {
+                sent,
+                finished_at: None,
+            };
+            return Ok((Vec::new(), nothing));
         };
-        let deadline = state.redis_clock.redis_time_at(earliest);
-        if let Some(results) = exchange(state, requests, deadline).await? {
-            return Ok(results);
-        }
+        let bound = sent + timeout;
+        let deadline = state.redis_clock.redis_time_at(earliest.min(bound));
+        let lag = Duration::from_micros(state.reading_lag_micros.load(Ordering::Relaxed));
+        let verdict_by = bound + lag.max(timeout);
+        let verdict = match timeout_at(verdict_by, exchange(state, requests, deadline)).await {
+            Ok(Ok(verdict)) => verdict,
+            Ok(Err(error)) => return Err(Failure::Broken(error)),
+            Err(_) => return Err(Failure::Unanswered { sent }),
+        };
+        let ran_at = match verdict {
+            Verdict::Decided {
+                results,
+                finished_at,
+            } => return Ok((results, Ran { sent, finished_at })),
+            Verdict::Late { ran_at } => ran_at,
+        };
+        // Redis got to the call only after its deadline: a queue that long is a reason to
+        // admit less.
         let now = Instant::now();
-        let (waiting, late): (Vec<Request>, Vec<Request>) = std::mem::take(requests)
+        let late = Ran {
+            sent,
+            finished_at: Some(ran_at),
+        };
+        let times = CallTimes {
+            waited: now.saturating_duration_since(sent),
+            redis_span: state.redis_span(&late),
+        };
+        state.capacity.answered(0, times, now);
+        let (waiting, expired): (Vec<Request>, Vec<Request>) = std::mem::take(requests)
             .into_iter()
             .partition(|r| r.deadline > now && !r.reply.is_closed());
-        for request in late {
+        for request in expired {
             state.capacity.release(request.hits.len());
-            let answer = timed_out(state, &request);
-            let _ = request.reply.send(answer);
+            let nothing = BackendError::NothingCounted(
+                "redis ran the call past its deadline; nothing was counted".into(),
+            );
+            let _ = request.reply.send(vec![Err(nothing); request.hits.len()]);
         }
         *requests = waiting;
     }
 }
 
 /// One sample of the server's clock: `TIME`. A connection that fails fails the call; an
-/// error reply only leaves this call without a deadline (the script reads `TIME` itself, so
-/// its reply gives the next call one).
+/// error reply only leaves the clock unknown (the script reads `TIME` itself, so its reply
+/// gives the next call one).
 async fn read_redis_clock<L: Link>(state: &LaneState<L>) -> Result<(), BackendError> {
     let reply = state.link.query(&redis::cmd("TIME")).await?;
     let received = Instant::now();
@@ -318,7 +534,7 @@ async fn read_redis_clock<L: Link>(state: &LaneState<L>) -> Result<(), BackendEr
             let now = seconds.saturating_mul(1_000_000).saturating_add(micros);
             state.redis_clock.observe(now, received);
         }
-        Err(error) => tracing::debug!(%error, "redis TIME failed; this call has no deadline"),
+        Err(error) => tracing::debug!(%error, "redis TIME failed; the first call has no deadline"),
     }
     Ok(())
 }
@@ -329,14 +545,25 @@ fn timed_out<L>(state: &LaneState<L>, request: &Request) -> Vec<Result<Decision,
     vec![Err(BackendError::Timeout(timeout)); request.hits.len()]
 }
 
+/// What Redis said of one call.
+enum Verdict {
+    /// The results per request, and when the script finished on Redis' clock.
+    Decided {
+        results: Vec<Vec<Result<Decision, BackendError>>>,
+        finished_at: Option<u64>,
+    },
+    /// Redis ran the call at `ran_at`, past its deadline: it decided nothing.
+    Late { ran_at: u64 },
+}
+
 /// Sends one script call for `requests` on the lane's connection (once more after loading
-/// the script if the server had lost it) and splits its results by request; `None` when
-/// Redis ran it past `deadline` (its clock, µs) and it decided nothing.
+/// the script if the server had lost it) and splits its results by request, unless Redis ran
+/// it past `deadline` (its clock, µs) and it decided nothing.
 async fn exchange<L: Link>(
     state: &LaneState<L>,
     requests: &[Request],
     deadline: Option<u64>,
-) -> Result<Option<Vec<Vec<Result<Decision, BackendError>>>>, BackendError> {
+) -> Result<Verdict, BackendError> {
     let shared = &state.shared;
     let planned: Vec<Vec<PlannedHit<'_>>> = requests
         .iter()
@@ -373,24 +600,27 @@ async fn exchange<L: Link>(
         reply = state.link.query(&command).await?;
     }
     let received = Instant::now();
-    *lock(&state.last_reply) = Some(received);
-    let results = match batch_results(&reply, &groups) {
+    *lock(&state.silent_since) = None;
+    let (finished_at, results) = match batch_results(&reply, &groups) {
         Results::Late { ran_at } => {
             state.redis_clock.observe(ran_at, received);
-            return Ok(None);
+            return Ok(Verdict::Late { ran_at });
         }
-        Results::Hits { ran_at, hits } => {
-            if let Some(ran_at) = ran_at {
-                state.redis_clock.observe(ran_at, received);
+        Results::Hits { finished_at, hits } => {
+            if let Some(finished_at) = finished_at {
+                state.redis_clock.observe(finished_at, received);
+                state.note_reading_lag(finished_at, received);
             }
-            hits
+            (finished_at, hits)
         }
     };
     let mut results = results.into_iter();
-    Ok(Some(
-        requests
-            .iter()
-            .map(|request| results.by_ref().take(request.hits.len()).collect())
-            .collect(),
-    ))
+    let per_request = requests
+        .iter()
+        .map(|request| results.by_ref().take(request.hits.len()).collect())
+        .collect();
+    Ok(Verdict::Decided {
+        results: per_request,
+        finished_at,
+    })
 }

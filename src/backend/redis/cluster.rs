@@ -11,9 +11,10 @@
 //! by its slot, following redirects (`redirect.rs`), and the map is read again in the
 //! background.
 //!
-//! **Bounded.** One deadline, `command_timeout` from the start of the request (or the
-//! caller's sooner one), bounds every wait: the connection, each call and its redirects. A call that misses it fails alone, so
-//! counters on healthy primaries still answer while one primary fails over.
+//! **Bounded.** The request's deadline (the caller's, or `command_timeout` from its start)
+//! bounds every wait, and each call with its redirects waits at most `command_timeout`
+//! besides. A call that misses it fails alone, so counters on healthy primaries still answer
+//! while one primary fails over.
 //!
 //! **One connection.** A cluster connection multiplexes every request over one connection per
 //! node and repairs itself, so it is shared rather than pooled: a pool would check every
@@ -43,7 +44,9 @@ use super::deadline::RedisClock;
 use super::redirect::{LONGEST_PAUSE, not_served_here, run_call};
 use super::script::{Mode, Target};
 use super::slots::{Node, SlotMap};
-use super::{Call, RedisOptions, Scripts, load_scripts, lock, redact, unavailable};
+use super::{
+    Call, RedisOptions, Scripts, load_scripts, lock, redact, request_deadline, unavailable,
+};
 
 /// A Redis Cluster reached through a list of seed nodes.
 pub struct RedisClusterBackend {
@@ -143,6 +146,7 @@ impl RedisClusterBackend {
             shared: Arc::new(Shared {
                 scripts: Scripts::new(),
                 command_timeout: options.command_timeout,
+                connect_timeout: options.connect_timeout,
                 clock,
             }),
             options,
@@ -159,10 +163,9 @@ impl RedisClusterBackend {
         self.hit_all_until(hits, self.deadline(deadline)).await
     }
 
-    /// The command timeout from now, or the request's own deadline if it comes first.
+    /// The request's own deadline, or the command timeout from now when it has none.
     fn deadline(&self, requested: Option<Instant>) -> Instant {
-        let by_timeout = Instant::now() + self.options.command_timeout;
-        requested.map_or(by_timeout, |deadline| deadline.min(by_timeout))
+        request_deadline(requested, self.options.command_timeout)
     }
 
     /// Applies every hit as [`hit_all`](Self::hit_all) does; then, if a binding hit was
@@ -270,11 +273,13 @@ impl RedisClusterBackend {
         }
         let unanswered: Vec<usize> = (0..hits.len()).filter(|&i| results[i].is_none()).collect();
         if !unanswered.is_empty() {
+            // Redis must not run a call after its sender gave up on it.
+            let gives_up = deadline.min(Instant::now() + self.options.command_timeout);
             let calls: Vec<Call<'_>> = (unanswered.iter())
                 .map(|&i| Call {
                     key: keys[i].clone(),
                     hit: &hits[i],
-                    deadline: self.redis_deadline(map.as_deref(), &keys[i], deadline),
+                    deadline: self.redis_deadline(map.as_deref(), &keys[i], gives_up),
                 })
                 .collect();
             let resent = self.resend_until(&calls, deadline).await;
@@ -288,13 +293,14 @@ impl RedisClusterBackend {
     }
 
     /// Sends each call on its own, routed by its slot and following redirects, by
-    /// `deadline`.
+    /// `deadline` and within the command timeout.
     async fn resend_until(
         &self,
         calls: &[Call<'_>],
         deadline: Instant,
     ) -> Vec<Result<Decision, BackendError>> {
         let timeout = self.options.command_timeout;
+        let deadline = deadline.min(Instant::now() + timeout);
         let connection = match timeout_at(deadline, self.connector.connection()).await {
             Ok(Ok(connection)) => connection,
             Ok(Err(error)) => return vec![Err(error); calls.len()],

@@ -26,79 +26,62 @@
 //! server yet reads `TIME` before its first call, so that no call goes out without a
 //! deadline.
 
-use std::sync::Mutex;
 use std::time::Duration;
 
 use tokio::time::Instant;
 
-use super::lock;
+use crate::backend::recent::RecentLeast;
 
 /// How long one estimate of θ is kept: the largest sample of the current epoch and of the
 /// last epoch that had one. Long enough to hold a quick return trip, short enough that
 /// drift (or Redis' clock stepping back) makes the deadline lenient for seconds only.
 pub(super) const EPOCH: Duration = Duration::from_secs(10);
 
-/// What Redis' clock reads when ours reads a given instant, estimated from below.
+/// What Redis' clock reads when ours reads a given instant, estimated from below. One per
+/// server, shared by every connection to it: what one connection learns serves them all,
+/// and a new connection needs no clock reading of its own.
 pub(super) struct RedisClock {
-    /// Local instants are counted in µs from here.
-    origin: Instant,
-    samples: Mutex<Samples>,
-}
-
-/// The largest `redis - local` offsets seen, by epoch of the local clock.
-#[derive(Default)]
-struct Samples {
-    epoch: u64,
-    current: Option<i64>,
-    /// The largest offset of the last earlier epoch that had a sample.
-    previous: Option<i64>,
+    /// The least `local - redis` seen lately, in µs: minus the largest offset θ.
+    behind: RecentLeast,
 }
 
 impl RedisClock {
     pub fn new() -> Self {
         RedisClock {
-            origin: Instant::now(),
-            samples: Mutex::new(Samples::default()),
+            behind: RecentLeast::new(EPOCH),
         }
     }
 
-    /// Learns from a reply received at `received` for a script that ran at `redis_micros`
-    /// on Redis' clock.
+    /// Learns from a reply received at `received` for a script that was still running at
+    /// `redis_micros` on Redis' clock.
     pub fn observe(&self, redis_micros: u64, received: Instant) {
-        let local = self.local_micros(received);
         let Ok(redis) = i64::try_from(redis_micros) else {
             return;
         };
-        let offset = redis.saturating_sub(local);
-        let epoch = local.unsigned_abs() / EPOCH.as_micros() as u64;
-        let mut samples = lock(&self.samples);
-        if epoch > samples.epoch {
-            if samples.current.is_some() {
-                samples.previous = samples.current.take();
-            }
-            samples.epoch = epoch;
-        }
-        samples.current = samples.current.max(Some(offset));
+        let local = self.behind.local_micros(received);
+        self.behind.observe(local.saturating_sub(redis), received);
+    }
+
+    /// How much later than the quickest reply seen lately a reply received at `received`,
+    /// for a script still running at `redis_micros`, came back: the time this process took
+    /// to get to it, beyond the way back (`None` before the first reply).
+    pub fn lag(&self, redis_micros: u64, received: Instant) -> Option<Duration> {
+        let redis = i64::try_from(redis_micros).ok()?;
+        let behind = self.behind.local_micros(received).saturating_sub(redis);
+        let late = behind.saturating_sub(self.behind.least()?);
+        Some(Duration::from_micros(late.unsigned_abs()))
     }
 
     /// Whether a reply has been seen, so that [`Self::redis_time_at`] has an answer.
     pub fn knows_offset(&self) -> bool {
-        let samples = lock(&self.samples);
-        samples.current.or(samples.previous).is_some()
+        self.behind.least().is_some()
     }
 
     /// Redis' time at the local instant `deadline`, estimated from below; `None` before the
     /// first reply.
     pub fn redis_time_at(&self, deadline: Instant) -> Option<u64> {
-        let samples = lock(&self.samples);
-        let offset = samples.current.max(samples.previous)?;
-        u64::try_from(self.local_micros(deadline).saturating_add(offset)).ok()
-    }
-
-    /// `at` in µs since [`Self::origin`].
-    fn local_micros(&self, at: Instant) -> i64 {
-        let micros = at.saturating_duration_since(self.origin).as_micros();
-        i64::try_from(micros).unwrap_or(i64::MAX)
+        let behind = self.behind.least()?;
+        u64::try_from(self.behind.local_micros(deadline).saturating_sub(behind)).ok()
     }
 }
 

@@ -157,6 +157,7 @@ impl RedisBackend {
         let shared = Arc::new(Shared {
             scripts: Scripts::new(),
             command_timeout: options.command_timeout,
+            connect_timeout: options.connect_timeout,
             clock: clock.clone(),
         });
         let link = || ServerLink {
@@ -175,10 +176,11 @@ impl RedisBackend {
         })
     }
 
-    /// Applies every hit, in order, by the command timeout or `deadline` if that comes
-    /// first: each hit on its own, or (`all_or_nothing`) only if no binding hit is rejected,
-    /// which Redis decides in one script so no other client sees the request half applied.
-    /// A connection at capacity sheds the request at once ([`BackendError::Overloaded`]).
+    /// Applies every hit, in order, by `deadline` (the caller's; the command timeout from now
+    /// when it gave none), each call to Redis bounded by the command timeout: each hit on its
+    /// own, or (`all_or_nothing`) only if no binding hit is rejected, which Redis decides in
+    /// one script so no other client sees the request half applied. A connection at capacity
+    /// sheds the request at once ([`BackendError::Overloaded`]).
     pub async fn hit_all(
         &self,
         hits: &[CounterHit<'_>],
@@ -189,8 +191,7 @@ impl RedisBackend {
             return Vec::new();
         }
         let options = &self.options;
-        let by_timeout = Instant::now() + options.command_timeout;
-        let deadline = deadline.map_or(by_timeout, |deadline| deadline.min(by_timeout));
+        let deadline = request_deadline(deadline, options.command_timeout);
         let queued = hits
             .iter()
             .map(|hit| QueuedHit {
@@ -208,8 +209,15 @@ impl RedisBackend {
         self.lane().decide(queued, mode, deadline).await
     }
 
-    /// Loads the script on the server (at start-up, and as the breaker's probe), within the
-    /// connect and command timeouts.
+    /// Opens every connection, reads the server's clock and loads the script (at start-up),
+    /// so that the first requests wait for none of it; the first failure.
+    pub async fn prepare(&self) -> Result<(), BackendError> {
+        let prepared = futures_util::future::join_all(self.lanes.iter().map(Lane::prepare));
+        prepared.await.into_iter().collect()
+    }
+
+    /// Loads the script on the server (the breaker's probe), within the connect and command
+    /// timeouts.
     pub async fn load_scripts(&self) -> Result<(), BackendError> {
         let options = &self.options;
         let bound = options.connect_timeout + options.command_timeout;
@@ -241,9 +249,16 @@ impl RedisBackend {
         redis::from_redis_value(reply).map_err(|e| BackendError::Protocol(e.to_string()))
     }
 
-    /// The next lane, round-robin.
+    /// The next lane, round-robin, passing over lanes whose connection is being set up
+    /// while another is ready (a connection killed under load costs the requests it carried,
+    /// not those that would wait for its replacement).
     fn lane(&self) -> &Lane<ServerLink> {
-        &self.lanes[self.next.fetch_add(1, Ordering::Relaxed) % self.lanes.len()]
+        let count = self.lanes.len();
+        let first = self.next.fetch_add(1, Ordering::Relaxed);
+        (0..count)
+            .map(|step| &self.lanes[(first + step) % count])
+            .find(|lane| lane.is_ready())
+            .unwrap_or(&self.lanes[first % count])
     }
 }
 
@@ -255,12 +270,18 @@ pub(crate) struct Call<'a> {
     pub deadline: Option<u64>,
 }
 
+/// When a request must be answered: the caller's deadline, or `command_timeout` from now
+/// when it gave none. (Each call to Redis is bounded by the command timeout besides.)
+pub(crate) fn request_deadline(caller: Option<Instant>, command_timeout: Duration) -> Instant {
+    caller.unwrap_or_else(|| Instant::now() + command_timeout)
+}
+
 /// What a batch call's reply says of its hits.
 pub(crate) enum Results {
-    /// Each hit's decision, or why it has none; and the instant the script ran at on Redis'
-    /// clock, when the reply says.
+    /// Each hit's decision, or why it has none; and the instant the script finished at on
+    /// Redis' clock, when the reply says.
     Hits {
-        ran_at: Option<u64>,
+        finished_at: Option<u64>,
         hits: Vec<Result<Decision, BackendError>>,
     },
     /// The call ran at `ran_at`, past its deadline: nothing was decided or written.
@@ -271,12 +292,16 @@ pub(crate) enum Results {
 pub(crate) fn batch_results(reply: &redis::Value, groups: &[script::Group<'_>]) -> Results {
     let hits = groups.iter().map(|group| group.hits.len()).sum();
     let failed = |error: BackendError| Results::Hits {
-        ran_at: None,
+        finished_at: None,
         hits: vec![Err(error); hits],
     };
     match script::batch_answer(reply, groups) {
-        Ok(script::BatchAnswer::Decided { now_micros, reply }) => Results::Hits {
-            ran_at: Some(now_micros),
+        Ok(script::BatchAnswer::Decided {
+            finished_micros,
+            reply,
+            ..
+        }) => Results::Hits {
+            finished_at: Some(finished_micros),
             hits: (reply.decisions.into_iter())
                 .map(|decision| {
                     decision.map_err(|e| BackendError::Unavailable(format!("redis: {e}")))
@@ -378,6 +403,7 @@ mod tests {
         };
         let failed = redis::Value::Array(vec![
             redis::Value::Int(1_700_000_000_000_000),
+            redis::Value::Int(1_700_000_000_000_000),
             redis::Value::Int(0),
             redis::Value::Int(0),
             redis::Value::BulkString(b"Script attempted to access a non local key".to_vec()),
@@ -387,6 +413,7 @@ mod tests {
             Err(BackendError::Unavailable(message)) if message.contains("non local key")
         ));
         let decided = redis::Value::Array(vec![
+            redis::Value::Int(1_700_000_000_000_000),
             redis::Value::Int(1_700_000_000_000_000),
             redis::Value::Int(5),
             redis::Value::Int(10),

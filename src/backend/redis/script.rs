@@ -325,8 +325,13 @@ impl redis::ToRedisArgs for Cost {
 /// What a batch call answered: its decisions, or that it came too late to decide.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum BatchAnswer {
-    /// Every hit decided (or failed alone) at `now_micros` on the script's clock.
-    Decided { now_micros: u64, reply: BatchReply },
+    /// Every hit decided (or failed alone) at `now_micros` on the script's clock; the call
+    /// finished at `finished_micros` on the same clock.
+    Decided {
+        now_micros: u64,
+        finished_micros: u64,
+        reply: BatchReply,
+    },
     /// The call ran at `now_micros`, past its deadline: it decided nothing and wrote
     /// nothing.
     Late { now_micros: u64 },
@@ -387,6 +392,14 @@ pub fn batch_answer(reply: &redis::Value, groups: &[Group<'_>]) -> Result<BatchA
         }
         return Ok(BatchAnswer::Late { now_micros });
     }
+    let finished_micros = match items.next() {
+        Some(redis::Value::Int(finished)) => non_negative(*finished, "its end")?,
+        other => {
+            return Err(format!(
+                "rate-limit script replied {other:?} for its end, not an integer"
+            ));
+        }
+    };
     let mut next = |what: &str| -> Result<i64, String> {
         match items.next() {
             Some(redis::Value::Int(n)) => Ok(*n),
@@ -457,6 +470,7 @@ pub fn batch_answer(reply: &redis::Value, groups: &[Group<'_>]) -> Result<BatchA
         .collect::<Vec<_>>();
     Ok(BatchAnswer::Decided {
         now_micros,
+        finished_micros,
         reply: BatchReply { decisions, applied },
     })
 }
@@ -556,10 +570,12 @@ mod tests {
     /// The instant every test reply ran at.
     const NOW: i64 = 1_700_000_000_000_000;
 
-    /// A reply of the script that ran at [`NOW`]: the instant, then `values`.
+    /// A reply of the script that ran and finished at [`NOW`]: the two instants, then
+    /// `values`.
     fn reply(values: &[i64]) -> Value {
         Value::Array(
-            std::iter::once(NOW)
+            [NOW, NOW]
+                .into_iter()
                 .chain(values.iter().copied())
                 .map(Value::Int)
                 .collect(),
@@ -614,8 +630,9 @@ mod tests {
                 Value::Array(vec![Value::Int(-1), Value::Int(1)]),
                 "instant = -1",
             ),
+            (Value::Array(vec![Value::Int(NOW)]), "for its end"),
             (
-                Value::Array(vec![Value::Int(NOW), text("7"), Value::Int(0)]),
+                Value::Array(vec![Value::Int(NOW), Value::Int(NOW), text("7")]),
                 "code",
             ),
             (
@@ -654,7 +671,7 @@ mod tests {
                 hits: &all,
             },
         ];
-        let mut items: Vec<Value> = [NOW, 5, 10, 0, 0, -1, 0, 0, 0, 0]
+        let mut items: Vec<Value> = [NOW, NOW, 5, 10, 0, 0, -1, 0, 0, 0, 0]
             .into_iter()
             .map(Value::Int)
             .collect();
@@ -738,7 +755,8 @@ mod tests {
         assert_eq!(arguments(&call), expected);
         // The reply comes in the order sent; each hit gets its own answer back.
         let sent_order = [5, 7, 9, 11];
-        let mut items: Vec<Value> = std::iter::once(Value::Int(NOW))
+        let mut items: Vec<Value> = [Value::Int(NOW), Value::Int(NOW)]
+            .into_iter()
             .chain(
                 sent_order
                     .iter()
