@@ -15,12 +15,13 @@
 //! this server takes to get to the reply: a server short of CPU is slow at everything, and
 //! shedding would only turn work Redis could do into failure answers. What the span holds
 //! beyond the least span seen lately (the way there and back, the clocks' uncertainty) is
-//! Redis' queueing. Queueing above the target (a fraction of the command timeout) shrinks
-//! the limit by a factor, at most once per target interval; queueing within it, on a
-//! connection that used at least half its limit, grows it by the call's size (additive
-//! increase, multiplicative decrease, as TCP's congestion window). The target sits well
-//! inside the timeout, so admitted requests are answered by Redis and a busy Redis never
-//! looks like a dead one.
+//! Redis' queueing; a request that waited in this queue behind an earlier call waited for
+//! that call's queueing too, which counts with its own. Queueing above the target (a
+//! fraction of the command timeout) shrinks the limit by a quarter, at most once per target
+//! interval; queueing within it, on a connection that used at least half its limit, grows it
+//! by a sixteenth, at most once per target interval after any change (so the quick calls of a
+//! busy Redis' short pauses do not undo a shrink). The target sits well inside the timeout,
+//! so admitted requests are answered by Redis and a busy Redis never looks like a dead one.
 //!
 //! **Deadlines.** A request whose deadline is nearer than the whole wait calls have lately
 //! had (this server's share included) would be answered too late whatever Redis does: it is
@@ -42,6 +43,8 @@ const CEILING: usize = 1 << 20;
 const INITIAL: usize = 4096;
 /// What queueing above the target does to the limit.
 const DECREASE: f64 = 0.75;
+/// What queueing within the target does to a limit in use: a sixteenth more.
+const INCREASE_SHARE: usize = 16;
 /// How long the least span Redis took is remembered: one to two of these.
 const SPAN_EPOCH: Duration = Duration::from_secs(10);
 
@@ -57,9 +60,18 @@ pub struct Capacity {
     /// The least span Redis took with a call lately (µs): the part of every span that is
     /// not queueing.
     quickest_span: RecentLeast,
-    /// When the limit last shrank: it shrinks at most once per target interval, so one slow
-    /// moment (many calls answered together) counts once.
-    last_decrease: Mutex<Option<Instant>>,
+    /// When the limit last shrank, and last changed either way: it shrinks at most once per
+    /// target interval, so one slow moment (many calls answered together) counts once, and
+    /// grows at most once per target interval after any change, so a burst of quick calls
+    /// (a busy Redis' short pauses) does not undo a shrink.
+    changes: Mutex<Changes>,
+}
+
+/// When the limit last shrank, and last changed.
+#[derive(Default)]
+struct Changes {
+    decreased: Option<Instant>,
+    changed: Option<Instant>,
 }
 
 /// Why work was refused.
@@ -79,6 +91,9 @@ pub struct CallTimes {
     /// How long Redis took with the call, from its send to the script's end, on Redis'
     /// clock; `None` when that clock is not known yet.
     pub redis_span: Option<Duration>,
+    /// How long Redis took with the call before it, when the call's oldest request waited
+    /// behind that one: its queueing too is what Redis made the request wait.
+    pub redis_span_before: Option<Duration>,
 }
 
 impl Capacity {
@@ -90,7 +105,7 @@ impl Capacity {
             target: target.max(Duration::from_micros(100)),
             expected_wait_micros: AtomicU64::new(0),
             quickest_span: RecentLeast::new(SPAN_EPOCH),
-            last_decrease: Mutex::new(None),
+            changes: Mutex::new(Changes::default()),
         }
     }
 
@@ -126,8 +141,8 @@ impl Capacity {
         self.in_flight.fetch_sub(hits, Ordering::AcqRel);
     }
 
-    /// A call of `hits` hits was answered at `now`, with `times`.
-    pub fn answered(&self, hits: usize, times: CallTimes, now: Instant) {
+    /// A call was answered at `now`, with `times`.
+    pub fn answered(&self, times: CallTimes, now: Instant) {
         let micros = |d: Duration| u64::try_from(d.as_micros()).unwrap_or(u64::MAX);
         let expected = self.expected_wait_micros.load(Ordering::Relaxed);
         // An exponentially weighted mean over the last ~8 calls.
@@ -140,22 +155,36 @@ impl Capacity {
         let span = i64::try_from(micros(span)).unwrap_or(i64::MAX);
         self.quickest_span.observe(span, now);
         let quickest = self.quickest_span.least().unwrap_or(span);
-        let queueing = Duration::from_micros(span.saturating_sub(quickest).unsigned_abs());
+        let beyond_quickest = |span: i64| span.saturating_sub(quickest).max(0).unsigned_abs();
+        let before = (times.redis_span_before).map_or(0, |before| {
+            beyond_quickest(i64::try_from(micros(before)).unwrap_or(i64::MAX))
+        });
+        let queueing = Duration::from_micros(beyond_quickest(span).saturating_add(before));
         let limit = self.limit.load(Ordering::Relaxed);
-        if queueing > self.target {
-            let mut last = self
-                .last_decrease
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner);
-            if last.is_none_or(|at| now.duration_since(at) >= self.target) {
-                *last = Some(now);
-                let lower = ((limit as f64 * DECREASE) as usize).max(FLOOR);
-                self.limit.store(lower, Ordering::Relaxed);
-            }
-        } else if 2 * self.in_flight.load(Ordering::Relaxed) >= limit {
-            self.limit
-                .store((limit + hits.max(1)).min(CEILING), Ordering::Relaxed);
+        let over = queueing > self.target;
+        if !over && 2 * self.in_flight.load(Ordering::Relaxed) < limit {
+            return; // Within the target and half unused: the limit is not what binds.
         }
+        let mut changes = self
+            .changes
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let last = if over {
+            changes.decreased
+        } else {
+            changes.changed
+        };
+        if last.is_some_and(|at| now.duration_since(at) < self.target) {
+            return;
+        }
+        let changed = if over {
+            changes.decreased = Some(now);
+            ((limit as f64 * DECREASE) as usize).max(FLOOR)
+        } else {
+            (limit + (limit / INCREASE_SHARE).max(1)).min(CEILING)
+        };
+        changes.changed = Some(now);
+        self.limit.store(changed, Ordering::Relaxed);
     }
 
     #[cfg(test)]
@@ -186,6 +215,7 @@ mod tests {
         CallTimes {
             waited,
             redis_span: Some(span),
+            redis_span_before: None,
         }
     }
 
@@ -214,14 +244,14 @@ mod tests {
     async fn queueing_in_redis_shrinks_the_limit_once_per_target_interval_down_to_the_floor() {
         let capacity = Capacity::new(TARGET);
         let now = Instant::now();
-        capacity.answered(100, times(QUICK, QUICK), now);
+        capacity.answered(times(QUICK, QUICK), now);
         let queued = QUICK + TARGET * 2;
-        capacity.answered(100, times(queued, queued), now);
-        capacity.answered(100, times(queued, queued), later(now, 1));
+        capacity.answered(times(queued, queued), now);
+        capacity.answered(times(queued, queued), later(now, 1));
         let once = (INITIAL as f64 * DECREASE) as usize;
         assert_eq!(capacity.limit(), once);
         for step in 1..200 {
-            capacity.answered(100, times(queued, queued), later(now, 5 * step));
+            capacity.answered(times(queued, queued), later(now, 5 * step));
         }
         assert_eq!(capacity.limit(), FLOOR);
     }
@@ -236,7 +266,7 @@ mod tests {
         for step in 0..100 {
             // The requests waited 40 ms, but Redis ran each call as soon as it came.
             let waited = Duration::from_millis(40);
-            capacity.answered(10, times(waited, QUICK), later(now, step));
+            capacity.answered(times(waited, QUICK), later(now, step));
         }
         assert!(capacity.limit() > INITIAL, "{}", capacity.limit());
     }
@@ -251,9 +281,25 @@ mod tests {
         // 8 ms there and back, above the target, every time: that is distance, not a queue.
         let distant = Duration::from_millis(8);
         for step in 0..100 {
-            capacity.answered(10, times(distant, distant), later(now, 8 * step));
+            capacity.answered(times(distant, distant), later(now, 8 * step));
         }
         assert!(capacity.limit() > INITIAL, "{}", capacity.limit());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn queueing_of_the_call_a_request_waited_behind_counts_with_its_own() {
+        let capacity = Capacity::new(TARGET);
+        let now = Instant::now();
+        capacity.answered(times(QUICK, QUICK), now);
+        // A quick call whose requests waited behind one that Redis queued for 3/4 of the
+        // target, twice over: neither alone is over the target, together they are.
+        let before = QUICK + TARGET * 3 / 4;
+        let behind = CallTimes {
+            redis_span_before: Some(before),
+            ..times(before + QUICK, QUICK + TARGET * 3 / 4)
+        };
+        capacity.answered(behind, later(now, 1));
+        assert_eq!(capacity.limit(), (INITIAL as f64 * DECREASE) as usize);
     }
 
     #[tokio::test(start_paused = true)]
@@ -266,8 +312,9 @@ mod tests {
         let unknown = CallTimes {
             waited: TARGET * 4,
             redis_span: None,
+            redis_span_before: None,
         };
-        capacity.answered(100, unknown, now);
+        capacity.answered(unknown, now);
         assert_eq!(capacity.limit(), INITIAL);
     }
 
@@ -275,13 +322,19 @@ mod tests {
     async fn timely_answers_grow_a_limit_that_is_in_use() {
         let capacity = Capacity::new(TARGET);
         let now = Instant::now();
-        capacity.answered(100, times(TARGET / 2, QUICK), now);
+        capacity.answered(times(TARGET / 2, QUICK), now);
         assert_eq!(capacity.limit(), INITIAL, "an unused limit does not grow");
         capacity
             .admit(INITIAL / 2, now, later(now, 15))
             .expect("room");
-        capacity.answered(100, times(TARGET / 2, QUICK), now);
-        assert_eq!(capacity.limit(), INITIAL + 100);
+        capacity.answered(times(TARGET / 2, QUICK), now);
+        assert_eq!(capacity.limit(), INITIAL + INITIAL / INCREASE_SHARE);
+        capacity.answered(times(TARGET / 2, QUICK), later(now, 1));
+        assert_eq!(
+            capacity.limit(),
+            INITIAL + INITIAL / INCREASE_SHARE,
+            "at most once per target interval"
+        );
     }
 
     #[tokio::test(start_paused = true)]
@@ -289,7 +342,7 @@ mod tests {
         let capacity = Capacity::new(TARGET);
         let now = Instant::now();
         for _ in 0..64 {
-            capacity.answered(1, times(Duration::from_millis(4), QUICK), now);
+            capacity.answered(times(Duration::from_millis(4), QUICK), now);
         }
         capacity.admit(1, now, later(now, 10)).expect("room");
         assert_eq!(capacity.admit(1, now, later(now, 2)), Err(Refusal::TooLate));
@@ -301,7 +354,7 @@ mod tests {
         let capacity = Capacity::new(TARGET);
         let now = Instant::now();
         for _ in 0..64 {
-            capacity.answered(1, times(Duration::from_millis(40), QUICK), now);
+            capacity.answered(times(Duration::from_millis(40), QUICK), now);
         }
         assert_eq!(capacity.admit(1, now, later(now, 2)), Ok(()));
     }

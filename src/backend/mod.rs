@@ -84,6 +84,15 @@ pub enum BackendError {
     /// deadline, when that came first).
     #[error("backend did not answer within {0:?}")]
     Timeout(std::time::Duration),
+    /// No connection was ready within the request's wait (or the connection's set-up ran
+    /// out of time): nothing was sent. For the breaker a silence, like a timeout; for the
+    /// caller, safe to send again.
+    #[error("backend connection not ready within {0:?}; nothing was sent")]
+    NotReady(std::time::Duration),
+    /// Redis ran the call after the request's deadline and decided nothing. Redis is alive
+    /// (it answered): for the breaker an answer; for the caller, safe to send again.
+    #[error("backend ran the call past its deadline; nothing was counted")]
+    Late,
     /// Shed before any wait: the backend already had as much work in flight as it answers
     /// in time. The backend is alive; the request gets its rules' failure policy at once.
     #[error("backend overloaded: request shed before calling it ({0})")]
@@ -222,7 +231,11 @@ impl BackendError {
     pub fn counted_nothing(&self) -> bool {
         matches!(
             self,
-            BackendError::NothingCounted(_) | BackendError::Overloaded(_) | BackendError::Config(_)
+            BackendError::NothingCounted(_)
+                | BackendError::NotReady(_)
+                | BackendError::Late
+                | BackendError::Overloaded(_)
+                | BackendError::Config(_)
         )
     }
 }
@@ -431,7 +444,7 @@ impl Backend {
                 Err(error) => {
                     breaker.note_error(&error);
                     match error {
-                        BackendError::Timeout(_) => Outcome::TimedOut,
+                        BackendError::Timeout(_) | BackendError::NotReady(_) => Outcome::TimedOut,
                         _ => Outcome::Failed,
                     }
                 }
@@ -448,9 +461,11 @@ fn outcome(results: &[Result<Decision, BackendError>]) -> Option<Outcome> {
     let mut outcome = None;
     for result in results {
         let this = match result {
-            Ok(_) | Err(BackendError::Protocol(_)) => return Some(Outcome::Answered),
+            Ok(_) | Err(BackendError::Protocol(_) | BackendError::Late) => {
+                return Some(Outcome::Answered);
+            }
             Err(BackendError::Overloaded(_)) => continue,
-            Err(BackendError::Timeout(_)) => Outcome::TimedOut,
+            Err(BackendError::Timeout(_) | BackendError::NotReady(_)) => Outcome::TimedOut,
             Err(
                 BackendError::Unavailable(_)
                 | BackendError::NothingCounted(_)

@@ -143,9 +143,40 @@ struct LaneState<L> {
     /// Since when calls on this connection have waited with no reply at all; `None` while it
     /// answers.
     silent_since: Mutex<Option<Instant>>,
-    /// How late this process has lately been in reading replies (µs), a maximum that decays:
-    /// a call waits this much past the command timeout for a verdict Redis gave in time.
-    reading_lag_micros: AtomicU64,
+    /// When the last call Redis decided was answered here, and how long Redis took with it:
+    /// the requests queued meanwhile waited for it.
+    last_call: Mutex<Option<(Instant, Duration)>>,
+    /// How late this process has lately been in reading replies, beyond the quickest reply.
+    reading_lag: ReadingLag,
+}
+
+/// How late this process reads replies, beyond the quickest reply seen (µs).
+#[derive(Default)]
+struct ReadingLag {
+    /// A mean over the last ~8 replies: how much earlier than a request's deadline Redis
+    /// must run its call for the verdict to reach it in time.
+    typical: AtomicU64,
+    /// The largest lately, decaying by 1/16 per reply: how long past the command timeout a
+    /// call waits for a verdict Redis gave in time.
+    worst: AtomicU64,
+}
+
+impl ReadingLag {
+    fn note(&self, lag: Duration) {
+        let lag = u64::try_from(lag.as_micros()).unwrap_or(u64::MAX);
+        let typical = self.typical.load(Ordering::Relaxed);
+        (self.typical).store(typical - typical / 8 + lag / 8, Ordering::Relaxed);
+        let worst = self.worst.load(Ordering::Relaxed);
+        (self.worst).store(lag.max(worst - worst / 16), Ordering::Relaxed);
+    }
+
+    fn typical(&self) -> Duration {
+        Duration::from_micros(self.typical.load(Ordering::Relaxed))
+    }
+
+    fn worst(&self) -> Duration {
+        Duration::from_micros(self.worst.load(Ordering::Relaxed))
+    }
 }
 
 impl<L: Link> Lane<L> {
@@ -164,7 +195,8 @@ impl<L: Link> Lane<L> {
                 capacity: Capacity::new(target),
                 readiness: Mutex::new(Readiness::Unprepared),
                 silent_since: Mutex::new(None),
-                reading_lag_micros: AtomicU64::new(0),
+                last_call: Mutex::new(None),
+                reading_lag: ReadingLag::default(),
             }),
             queue: OnceLock::new(),
         }
@@ -289,9 +321,7 @@ impl<L: Link> LaneState<L> {
         };
         let result = match timeout(bound, steps).await {
             Ok(result) => result,
-            Err(_) => Err(BackendError::NothingCounted(format!(
-                "redis connection not ready within {bound:?}"
-            ))),
+            Err(_) => Err(BackendError::NotReady(bound)),
         };
         let mut readiness = lock(&self.readiness);
         if result.is_ok() {
@@ -313,16 +343,11 @@ impl<L: Link> LaneState<L> {
     }
 
     /// Takes the lag of a reply the script finished at `finished_at` (Redis' clock) and this
-    /// process read at `received`: the largest lately, decaying by 1/16 per reply.
+    /// process read at `received`.
     fn note_reading_lag(&self, finished_at: u64, received: Instant) {
-        let Some(lag) = self.redis_clock.lag(finished_at, received) else {
-            return;
-        };
-        let lag = u64::try_from(lag.as_micros()).unwrap_or(u64::MAX);
-        let recent = self.reading_lag_micros.load(Ordering::Relaxed);
-        let decayed = recent - recent / 16;
-        self.reading_lag_micros
-            .store(lag.max(decayed), Ordering::Relaxed);
+        if let Some(lag) = self.redis_clock.lag(finished_at, received) {
+            self.reading_lag.note(lag);
+        }
     }
 
     /// The connection looks broken: the next call prepares a new one.
@@ -390,10 +415,7 @@ async fn call<L: Link>(state: Arc<LaneState<L>>, mut requests: Vec<Request>) {
         // Nothing was sent: the requests may go again.
         Ok(Err(error)) => answer_all(&requests, |_| error.clone()),
         Err(_) => answer_all(&requests, |request| {
-            let waited = request.deadline.saturating_duration_since(request.admitted);
-            BackendError::NothingCounted(format!(
-                "redis connection not ready within {waited:?}; nothing was sent"
-            ))
+            BackendError::NotReady(request.deadline.saturating_duration_since(request.admitted))
         }),
     };
     // The requests that left on the way (their deadline passed) gave their room back.
@@ -415,12 +437,22 @@ async fn send<L: Link>(
     match exchange_in_time(state, requests).await {
         Ok((results, ran)) => {
             let now = Instant::now();
-            let hits = requests.iter().map(|r| r.hits.len()).sum();
-            let times = CallTimes {
-                waited: now.saturating_duration_since(oldest.unwrap_or(ran.sent)),
-                redis_span: state.redis_span(&ran),
+            let oldest = oldest.unwrap_or(ran.sent);
+            let redis_span = state.redis_span(&ran);
+            let redis_span_before = {
+                let mut last_call = lock(&state.last_call);
+                let before = (*last_call)
+                    .filter(|&(answered, _)| oldest < answered)
+                    .map(|(_, span)| span);
+                *last_call = redis_span.map(|span| (now, span));
+                before
             };
-            state.capacity.answered(hits, times, now);
+            let times = CallTimes {
+                waited: now.saturating_duration_since(oldest),
+                redis_span,
+                redis_span_before,
+            };
+            state.capacity.answered(times, now);
             results
         }
         Err(Failure::Broken(error)) => {
@@ -460,8 +492,8 @@ enum Failure {
     Unanswered { sent: Instant },
 }
 
-/// Sends `requests` in one call. Redis runs it by the earliest of their deadlines and the
-/// command timeout from now, or not at all; its verdict is waited for that long, and as much
+/// Sends `requests` in one call. Redis runs it by the earliest of their deadlines (less this
+/// process' recent lag in reading replies) and the command timeout from now, or not at all; its verdict is waited for that long, and as much
 /// again as this process has lately been late in reading replies (at least the command
 /// timeout): a server short of CPU reads its replies late, and a verdict Redis gave in time
 /// is no less valid for it. A call Redis ran too late is sent again with the requests that
@@ -482,9 +514,13 @@ async fn exchange_in_time<L: Link>(
             return Ok((Vec::new(), nothing));
         };
         let bound = sent + timeout;
-        let deadline = state.redis_clock.redis_time_at(earliest.min(bound));
-        let lag = Duration::from_micros(state.reading_lag_micros.load(Ordering::Relaxed));
-        let verdict_by = bound + lag.max(timeout);
+        // A verdict reaches its request later than the quickest reply would: the script
+        // must run early enough for it to arrive by the request's deadline, or a request
+        // answered by its policy would be counted as well.
+        let lag = state.reading_lag.typical();
+        let in_time = earliest.checked_sub(lag).unwrap_or(earliest);
+        let deadline = state.redis_clock.redis_time_at(in_time.min(bound));
+        let verdict_by = bound + state.reading_lag.worst().max(timeout);
         let verdict = match timeout_at(verdict_by, exchange(state, requests, deadline)).await {
             Ok(Ok(verdict)) => verdict,
             Ok(Err(error)) => return Err(Failure::Broken(error)),
@@ -507,17 +543,15 @@ async fn exchange_in_time<L: Link>(
         let times = CallTimes {
             waited: now.saturating_duration_since(sent),
             redis_span: state.redis_span(&late),
+            redis_span_before: None,
         };
-        state.capacity.answered(0, times, now);
+        state.capacity.answered(times, now);
         let (waiting, expired): (Vec<Request>, Vec<Request>) = std::mem::take(requests)
             .into_iter()
             .partition(|r| r.deadline > now && !r.reply.is_closed());
         for request in expired {
             state.capacity.release(request.hits.len());
-            let nothing = BackendError::NothingCounted(
-                "redis ran the call past its deadline; nothing was counted".into(),
-            );
-            let _ = request.reply.send(vec![Err(nothing); request.hits.len()]);
+            let _ = (request.reply).send(vec![Err(BackendError::Late); request.hits.len()]);
         }
         *requests = waiting;
     }

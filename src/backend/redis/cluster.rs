@@ -260,6 +260,7 @@ impl RedisClusterBackend {
                                 answer,
                                 Err(BackendError::Unavailable(_)
                                     | BackendError::NothingCounted(_)
+                                    | BackendError::NotReady(_)
                                     | BackendError::Timeout(_))
                             );
                             results[index] = Some(answer);

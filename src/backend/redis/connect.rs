@@ -206,10 +206,14 @@ impl Source {
     pub async fn connect(&self) -> Result<PrimaryConnection, BackendError> {
         match self {
             Source::Direct(pool) => {
-                let pooled = pool
-                    .get()
-                    .await
-                    .map_err(|e| BackendError::NothingCounted(format!("redis connection: {e}")))?;
+                let pooled = pool.get().await.map_err(|e| match e {
+                    // A server that accepts and never answers (stopped, cut off) is silent,
+                    // not refusing.
+                    deadpool_redis::PoolError::Timeout(_) => {
+                        BackendError::NotReady(pool.timeouts().create.unwrap_or(Duration::ZERO))
+                    }
+                    e => BackendError::NothingCounted(format!("redis connection: {e}")),
+                })?;
                 Ok(PrimaryConnection(deadpool_redis::Connection::take(pooled)))
             }
             Source::Sentinel(sentinel) => sentinel.connect().await,
@@ -232,7 +236,7 @@ impl Sentinel {
                 "redis primary {:?} via the sentinels: {e}",
                 self.master
             ))),
-            Err(_) => Err(BackendError::Timeout(bound)),
+            Err(_) => Err(BackendError::NotReady(bound)),
         }
     }
 }

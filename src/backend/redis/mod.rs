@@ -370,9 +370,7 @@ fn reply_to_result(reply: &redis::Value, call: &Call<'_>) -> Result<Decision, Ba
             .pop()
             .unwrap_or_else(|| Err(BackendError::Protocol("no reply to the script call".into()))),
         // Its request's deadline has passed: the caller has answered it already.
-        Results::Late { .. } => Err(BackendError::NothingCounted(
-            "redis ran the call past its deadline; nothing was counted".into(),
-        )),
+        Results::Late { .. } => Err(BackendError::Late),
     }
 }
 
