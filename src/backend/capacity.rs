@@ -8,20 +8,22 @@
 //! answers it.
 //!
 //! **What Redis takes, not what this server manages.** The limit follows Redis alone: each
-//! answered call reports how long Redis took with it, from the moment it was sent until the
-//! script finished, read on Redis' own clock (the script reports when it started and ended;
-//! `deadline.rs` maps the send to Redis' clock). That span holds the way there, Redis' queue
-//! (other clients, other replicas, a CPU quota) and the script's run, and none of the time
-//! this server takes to get to the reply: a server short of CPU is slow at everything, and
-//! shedding would only turn work Redis could do into failure answers. What the span holds
-//! beyond the least span seen lately (the way there and back, the clocks' uncertainty) is
-//! Redis' queueing; a request that waited in this queue behind an earlier call waited for
-//! that call's queueing too, which counts with its own. Queueing above the target (a
-//! fraction of the command timeout) shrinks the limit by a quarter, at most once per target
-//! interval; queueing within it, on a connection that used at least half its limit, grows it
-//! by a sixteenth, at most once per target interval after any change (so the quick calls of a
-//! busy Redis' short pauses do not undo a shrink). The target sits well inside the timeout,
-//! so admitted requests are answered by Redis and a busy Redis never looks like a dead one.
+//! answered call reports how long it waited before Redis ran it, from the moment it was sent
+//! until the script started, read on Redis' own clock (the script reports when it started;
+//! `deadline.rs` maps the send to Redis' clock). That wait holds the way there and Redis'
+//! queue (other clients' commands, other replicas, a CPU quota's pauses, a CPU the machine
+//! gives to others), and none of the time this server takes to get to the reply, nor the
+//! script's own run, which grows with the call's size and says nothing about a queue: a
+//! server short of CPU is slow at everything, and shedding would only turn work Redis could
+//! do into failure answers. What the wait holds beyond the least wait seen lately (the way
+//! there, the clocks' uncertainty) is Redis' queueing; a request that waited in this queue
+//! behind an earlier call waited for that call's queueing too, which counts with its own.
+//! Queueing above the target (the command timeout: past it Redis would run the call too late)
+//! shrinks the limit by a quarter, at most once per target interval; queueing within it, on a
+//! connection that used at least half its limit, grows it by a sixteenth, at most once per
+//! target interval after any change (so the quick calls of a busy Redis' short pauses do not
+//! undo a shrink). So admitted requests are answered by Redis, and a busy Redis never looks
+//! like a dead one.
 //!
 //! **Deadlines.** A request whose deadline is nearer than the whole wait calls have lately
 //! had (this server's share included) would be answered too late whatever Redis does: it is
@@ -45,8 +47,8 @@ const INITIAL: usize = 4096;
 const DECREASE: f64 = 0.75;
 /// What queueing within the target does to a limit in use: a sixteenth more.
 const INCREASE_SHARE: usize = 16;
-/// How long the least span Redis took is remembered: one to two of these.
-const SPAN_EPOCH: Duration = Duration::from_secs(10);
+/// How long the least wait before Redis ran a call is remembered: one to two of these.
+const WAIT_EPOCH: Duration = Duration::from_secs(10);
 
 /// The in-flight limit of one connection and the hits in flight on it.
 pub struct Capacity {
@@ -57,9 +59,9 @@ pub struct Capacity {
     /// Recent waits of answered calls' oldest requests, smoothed (µs): what a new request
     /// can expect, whoever is slow.
     expected_wait_micros: AtomicU64,
-    /// The least span Redis took with a call lately (µs): the part of every span that is
+    /// The least wait before Redis ran a call lately (µs): the part of every wait that is
     /// not queueing.
-    quickest_span: RecentLeast,
+    quickest_wait: RecentLeast,
     /// When the limit last shrank, and last changed either way: it shrinks at most once per
     /// target interval, so one slow moment (many calls answered together) counts once, and
     /// grows at most once per target interval after any change, so a burst of quick calls
@@ -88,12 +90,12 @@ pub enum Refusal {
 pub struct CallTimes {
     /// How long the call's oldest request waited, from its admission to the answer.
     pub waited: Duration,
-    /// How long Redis took with the call, from its send to the script's end, on Redis'
-    /// clock; `None` when that clock is not known yet.
-    pub redis_span: Option<Duration>,
-    /// How long Redis took with the call before it, when the call's oldest request waited
-    /// behind that one: its queueing too is what Redis made the request wait.
-    pub redis_span_before: Option<Duration>,
+    /// How long the call waited before Redis ran it, from its send to the script's start,
+    /// on Redis' clock; `None` when that clock is not known yet.
+    pub redis_wait: Option<Duration>,
+    /// The same of the call before it, when the call's oldest request waited behind that
+    /// one: its queueing too is what Redis made the request wait.
+    pub redis_wait_before: Option<Duration>,
 }
 
 impl Capacity {
@@ -104,7 +106,7 @@ impl Capacity {
             limit: AtomicUsize::new(INITIAL),
             target: target.max(Duration::from_micros(100)),
             expected_wait_micros: AtomicU64::new(0),
-            quickest_span: RecentLeast::new(SPAN_EPOCH),
+            quickest_wait: RecentLeast::new(WAIT_EPOCH),
             changes: Mutex::new(Changes::default()),
         }
     }
@@ -149,17 +151,17 @@ impl Capacity {
         let smoothed = expected - expected / 8 + micros(times.waited) / 8;
         self.expected_wait_micros.store(smoothed, Ordering::Relaxed);
 
-        let Some(span) = times.redis_span else {
+        let Some(wait) = times.redis_wait else {
             return;
         };
-        let span = i64::try_from(micros(span)).unwrap_or(i64::MAX);
-        self.quickest_span.observe(span, now);
-        let quickest = self.quickest_span.least().unwrap_or(span);
-        let beyond_quickest = |span: i64| span.saturating_sub(quickest).max(0).unsigned_abs();
-        let before = (times.redis_span_before).map_or(0, |before| {
+        let wait = i64::try_from(micros(wait)).unwrap_or(i64::MAX);
+        self.quickest_wait.observe(wait, now);
+        let quickest = self.quickest_wait.least().unwrap_or(wait);
+        let beyond_quickest = |wait: i64| wait.saturating_sub(quickest).max(0).unsigned_abs();
+        let before = (times.redis_wait_before).map_or(0, |before| {
             beyond_quickest(i64::try_from(micros(before)).unwrap_or(i64::MAX))
         });
-        let queueing = Duration::from_micros(beyond_quickest(span).saturating_add(before));
+        let queueing = Duration::from_micros(beyond_quickest(wait).saturating_add(before));
         let limit = self.limit.load(Ordering::Relaxed);
         let over = queueing > self.target;
         if !over && 2 * self.in_flight.load(Ordering::Relaxed) < limit {
@@ -210,12 +212,12 @@ mod tests {
         now + Duration::from_millis(millis)
     }
 
-    /// A call whose oldest request waited `waited` and which Redis held for `span`.
-    fn times(waited: Duration, span: Duration) -> CallTimes {
+    /// A call whose oldest request waited `waited` and which waited `wait` in Redis.
+    fn times(waited: Duration, wait: Duration) -> CallTimes {
         CallTimes {
             waited,
-            redis_span: Some(span),
-            redis_span_before: None,
+            redis_wait: Some(wait),
+            redis_wait_before: None,
         }
     }
 
@@ -295,7 +297,7 @@ mod tests {
         // target, twice over: neither alone is over the target, together they are.
         let before = QUICK + TARGET * 3 / 4;
         let behind = CallTimes {
-            redis_span_before: Some(before),
+            redis_wait_before: Some(before),
             ..times(before + QUICK, QUICK + TARGET * 3 / 4)
         };
         capacity.answered(behind, later(now, 1));
@@ -311,8 +313,8 @@ mod tests {
             .expect("room");
         let unknown = CallTimes {
             waited: TARGET * 4,
-            redis_span: None,
-            redis_span_before: None,
+            redis_wait: None,
+            redis_wait_before: None,
         };
         capacity.answered(unknown, now);
         assert_eq!(capacity.limit(), INITIAL);

@@ -34,7 +34,7 @@
 //!
 //! **A connection that answers is kept.** A call that runs out of time leaves its reply to
 //! come: the connection reads and discards it when it does. Only a connection that fails an
-//! exchange, or has answered nothing at all for [`SILENCE`] (at least twice the command
+//! exchange, or has answered nothing at all for [`SILENCE`] (at least four times the command
 //! timeout) while calls were waiting, is [`reset`](Link::reset) and prepared anew.
 //!
 //! A lane does not know what it talks to: a [`Link`] sends its calls, to a standalone server
@@ -53,7 +53,7 @@ use tokio::time::{Instant, timeout, timeout_at};
 
 use super::deadline::RedisClock;
 use super::script::{self, Group, Mode, PlannedHit, ScriptClock, Scripts, Target};
-use super::{Results, batch_results, is_noscript, lock};
+use super::{RanAt, Results, batch_results, is_noscript, lock};
 use crate::backend::BackendError;
 use crate::backend::capacity::{CallTimes, Capacity, Refusal};
 use crate::clock::Clock;
@@ -64,7 +64,8 @@ const CALLS_IN_FLIGHT: usize = 1;
 /// Requests per script call, so that one call never holds Redis for long.
 const REQUESTS_PER_CALL: usize = 256;
 /// How long a connection may answer nothing while calls wait before it counts as dead (or
-/// twice the command timeout, if longer): a partition or a stopped server, not a slow one.
+/// four times the command timeout, if longer: a Redis busy with another client's slow
+/// command answers within that): a partition or a stopped server, not a slow one.
 const SILENCE: Duration = Duration::from_millis(100);
 
 /// How a lane reaches the server its calls run on.
@@ -143,8 +144,8 @@ struct LaneState<L> {
     /// Since when calls on this connection have waited with no reply at all; `None` while it
     /// answers.
     silent_since: Mutex<Option<Instant>>,
-    /// When the last call Redis decided was answered here, and how long Redis took with it:
-    /// the requests queued meanwhile waited for it.
+    /// When the last call Redis decided was answered here, and how long it waited in Redis
+    /// before it ran: the requests queued meanwhile waited for it.
     last_call: Mutex<Option<(Instant, Duration)>>,
     /// How late this process has lately been in reading replies, beyond the quickest reply.
     reading_lag: ReadingLag,
@@ -183,10 +184,12 @@ impl<L: Link> Lane<L> {
     /// A lane to the server behind `link`, whose clock `redis_clock` follows (lanes to one
     /// server share it).
     pub fn new(link: L, shared: Arc<Shared>, redis_clock: Arc<RedisClock>) -> Self {
-        // Redis should queue a call for no more than half the timeout, so the calls it
-        // decides are answered within it even when the queue doubles before the limit
-        // catches up.
-        let target = shared.command_timeout / 2;
+        // A request should wait in Redis' queue (its own call's and the one before's) no
+        // longer than the timeout, past which Redis would run its call too late. A stricter
+        // target measured worse: on a machine where Redis shares the CPU with a saturated
+        // server, Redis' queue holds a few ms of noise that shrank the limit and shed work
+        // Redis then had time for (issue 19).
+        let target = shared.command_timeout;
         Lane {
             state: Arc::new(LaneState {
                 link,
@@ -334,11 +337,12 @@ impl<L: Link> LaneState<L> {
         result
     }
 
-    /// How long Redis took with a call, from its send to the script's end, on Redis' clock.
-    fn redis_span(&self, ran: &Ran) -> Option<Duration> {
+    /// How long a call waited before Redis ran it, from its send to the script's start, on
+    /// Redis' clock.
+    fn redis_wait(&self, ran: &Ran) -> Option<Duration> {
         let sent_at = self.redis_clock.redis_time_at(ran.sent)?;
         Some(Duration::from_micros(
-            ran.finished_at?.saturating_sub(sent_at),
+            ran.at?.started.saturating_sub(sent_at),
         ))
     }
 
@@ -362,7 +366,7 @@ impl<L: Link> LaneState<L> {
     /// A call sent at `sent` ran out of time: the connection is dropped only if nothing has
     /// come back on it for [`SILENCE`] (a reply on its way is read and discarded when it comes).
     fn timed_out_since(&self, sent: Instant, now: Instant) {
-        let silence = SILENCE.max(2 * self.shared.command_timeout);
+        let silence = SILENCE.max(4 * self.shared.command_timeout);
         let mut silent_since = lock(&self.silent_since);
         let since = *silent_since.get_or_insert(sent);
         if now.saturating_duration_since(since) >= silence {
@@ -438,19 +442,19 @@ async fn send<L: Link>(
         Ok((results, ran)) => {
             let now = Instant::now();
             let oldest = oldest.unwrap_or(ran.sent);
-            let redis_span = state.redis_span(&ran);
-            let redis_span_before = {
+            let redis_wait = state.redis_wait(&ran);
+            let redis_wait_before = {
                 let mut last_call = lock(&state.last_call);
                 let before = (*last_call)
                     .filter(|&(answered, _)| oldest < answered)
-                    .map(|(_, span)| span);
-                *last_call = redis_span.map(|span| (now, span));
+                    .map(|(_, wait)| wait);
+                *last_call = redis_wait.map(|wait| (now, wait));
                 before
             };
             let times = CallTimes {
                 waited: now.saturating_duration_since(oldest),
-                redis_span,
-                redis_span_before,
+                redis_wait,
+                redis_wait_before,
             };
             state.capacity.answered(times, now);
             results
@@ -481,7 +485,7 @@ fn answer_all(
 /// (`None` when the reply did not say).
 struct Ran {
     sent: Instant,
-    finished_at: Option<u64>,
+    at: Option<RanAt>,
 }
 
 /// Why a call has no verdict.
@@ -507,10 +511,7 @@ async fn exchange_in_time<L: Link>(
     loop {
         let sent = Instant::now();
         let Some(earliest) = requests.iter().map(|r| r.deadline).min() else {
-            let nothing = Ran {
-                sent,
-                finished_at: None,
-            };
+            let nothing = Ran { sent, at: None };
             return Ok((Vec::new(), nothing));
         };
         let bound = sent + timeout;
@@ -527,10 +528,7 @@ async fn exchange_in_time<L: Link>(
             Err(_) => return Err(Failure::Unanswered { sent }),
         };
         let ran_at = match verdict {
-            Verdict::Decided {
-                results,
-                finished_at,
-            } => return Ok((results, Ran { sent, finished_at })),
+            Verdict::Decided { results, ran } => return Ok((results, Ran { sent, at: ran })),
             Verdict::Late { ran_at } => ran_at,
         };
         // Redis got to the call only after its deadline: a queue that long is a reason to
@@ -538,12 +536,15 @@ async fn exchange_in_time<L: Link>(
         let now = Instant::now();
         let late = Ran {
             sent,
-            finished_at: Some(ran_at),
+            at: Some(RanAt {
+                started: ran_at,
+                finished: ran_at,
+            }),
         };
         let times = CallTimes {
             waited: now.saturating_duration_since(sent),
-            redis_span: state.redis_span(&late),
-            redis_span_before: None,
+            redis_wait: state.redis_wait(&late),
+            redis_wait_before: None,
         };
         state.capacity.answered(times, now);
         let (waiting, expired): (Vec<Request>, Vec<Request>) = std::mem::take(requests)
@@ -584,7 +585,7 @@ enum Verdict {
     /// The results per request, and when the script finished on Redis' clock.
     Decided {
         results: Vec<Vec<Result<Decision, BackendError>>>,
-        finished_at: Option<u64>,
+        ran: Option<RanAt>,
     },
     /// Redis ran the call at `ran_at`, past its deadline: it decided nothing.
     Late { ran_at: u64 },
@@ -635,17 +636,17 @@ async fn exchange<L: Link>(
     }
     let received = Instant::now();
     *lock(&state.silent_since) = None;
-    let (finished_at, results) = match batch_results(&reply, &groups) {
+    let (ran, results) = match batch_results(&reply, &groups) {
         Results::Late { ran_at } => {
             state.redis_clock.observe(ran_at, received);
             return Ok(Verdict::Late { ran_at });
         }
-        Results::Hits { finished_at, hits } => {
-            if let Some(finished_at) = finished_at {
-                state.redis_clock.observe(finished_at, received);
-                state.note_reading_lag(finished_at, received);
+        Results::Hits { ran, hits } => {
+            if let Some(ran) = ran {
+                state.redis_clock.observe(ran.finished, received);
+                state.note_reading_lag(ran.finished, received);
             }
-            (finished_at, hits)
+            (ran, hits)
         }
     };
     let mut results = results.into_iter();
@@ -655,6 +656,6 @@ async fn exchange<L: Link>(
         .collect();
     Ok(Verdict::Decided {
         results: per_request,
-        finished_at,
+        ran,
     })
 }

@@ -270,6 +270,13 @@ pub(crate) struct Call<'a> {
     pub deadline: Option<u64>,
 }
 
+/// When a call ran, on its server's clock (µs): when the script started and finished.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct RanAt {
+    pub started: u64,
+    pub finished: u64,
+}
+
 /// When a request must be answered: the caller's deadline, or `command_timeout` from now
 /// when it gave none. (Each call to Redis is bounded by the command timeout besides.)
 pub(crate) fn request_deadline(caller: Option<Instant>, command_timeout: Duration) -> Instant {
@@ -278,10 +285,10 @@ pub(crate) fn request_deadline(caller: Option<Instant>, command_timeout: Duratio
 
 /// What a batch call's reply says of its hits.
 pub(crate) enum Results {
-    /// Each hit's decision, or why it has none; and the instant the script finished at on
-    /// Redis' clock, when the reply says.
+    /// Each hit's decision, or why it has none; and when the script ran on Redis' clock,
+    /// when the reply says.
     Hits {
-        finished_at: Option<u64>,
+        ran: Option<RanAt>,
         hits: Vec<Result<Decision, BackendError>>,
     },
     /// The call ran at `ran_at`, past its deadline: nothing was decided or written.
@@ -292,16 +299,19 @@ pub(crate) enum Results {
 pub(crate) fn batch_results(reply: &redis::Value, groups: &[script::Group<'_>]) -> Results {
     let hits = groups.iter().map(|group| group.hits.len()).sum();
     let failed = |error: BackendError| Results::Hits {
-        finished_at: None,
+        ran: None,
         hits: vec![Err(error); hits],
     };
     match script::batch_answer(reply, groups) {
         Ok(script::BatchAnswer::Decided {
+            now_micros,
             finished_micros,
             reply,
-            ..
         }) => Results::Hits {
-            finished_at: Some(finished_micros),
+            ran: Some(RanAt {
+                started: now_micros,
+                finished: finished_micros,
+            }),
             hits: (reply.decisions.into_iter())
                 .map(|decision| {
                     decision.map_err(|e| BackendError::Unavailable(format!("redis: {e}")))
