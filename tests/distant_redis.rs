@@ -115,3 +115,62 @@ async fn a_call_that_times_out_on_a_live_connection_keeps_it_and_counts_nothing(
     );
     assert_eq!(link.connections(), 1, "the connection was kept");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_killed_connection_8ms_away_costs_only_the_requests_it_carried() {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+
+    const IN_FLIGHT: usize = 16;
+    let redis = RedisServer::start();
+    let link = DelayedLink::to(redis.port(), ONE_WAY).await;
+    // 30 ms: a request that waits behind a call in flight (8 ms there and back) and then
+    // for its own still has time.
+    let server = Floodgate::start_with_env(
+        &[("rules.yaml", RULES)],
+        &["--backend", "redis", "--redis-url", &link.url()],
+        &[("FLOODGATE_REDIS_COMMAND_TIMEOUT_MS", "30")],
+    );
+    let stop = Arc::new(AtomicBool::new(false));
+    let policy = Arc::new(AtomicUsize::new(0));
+    let mut tasks = Vec::new();
+    for task in 0..IN_FLIGHT {
+        let mut client = server.client().await;
+        let (stop, policy) = (stop.clone(), policy.clone());
+        tasks.push(tokio::spawn(async move {
+            let user = format!("killed-{task}");
+            let mut decided_count = 0;
+            while !stop.load(Ordering::Relaxed) {
+                let ask = request("far", vec![descriptor(&[("user", &user)])]);
+                let response = client.should_rate_limit(ask).await.expect("an answer");
+                if decided(response.get_ref()) {
+                    decided_count += 1;
+                } else {
+                    policy.fetch_add(1, Ordering::Relaxed);
+                }
+            }
+            decided_count
+        }));
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let before = policy.load(Ordering::Relaxed);
+    let killed = redis.command(&["CLIENT", "KILL", "TYPE", "normal"]);
+    assert_eq!(killed, "1", "floodgate's one connection");
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    stop.store(true, Ordering::Relaxed);
+    let mut decided_total = 0;
+    for task in tasks {
+        decided_total += task.await.expect("a client task");
+    }
+    let after_kill = policy.load(Ordering::Relaxed) - before;
+    eprintln!(
+        "policy answers: {before} before the kill, {after_kill} after; {decided_total} decided"
+    );
+    assert!(
+        after_kill < 100,
+        "{after_kill} policy answers after the kill ({decided_total} decided)\n{}",
+        server.stderr()
+    );
+    assert!(decided_total > 0);
+    assert_eq!(link.connections(), 2, "one replacement connection");
+}
