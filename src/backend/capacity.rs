@@ -88,8 +88,9 @@ pub enum Refusal {
 /// What an answered call tells about the wait.
 #[derive(Debug, Clone, Copy)]
 pub struct CallTimes {
-    /// How long the call's oldest request waited, from its admission to the answer.
-    pub waited: Duration,
+    /// How long the call's oldest request waited, from its admission to its answer; `None`
+    /// for a call Redis ran too late, which answered nobody.
+    pub waited: Option<Duration>,
     /// How long the call waited before Redis ran it, from its send to the script's start,
     /// on Redis' clock; `None` when that clock is not known yet.
     pub redis_wait: Option<Duration>,
@@ -146,10 +147,12 @@ impl Capacity {
     /// A call was answered at `now`, with `times`.
     pub fn answered(&self, times: CallTimes, now: Instant) {
         let micros = |d: Duration| u64::try_from(d.as_micros()).unwrap_or(u64::MAX);
-        let expected = self.expected_wait_micros.load(Ordering::Relaxed);
-        // An exponentially weighted mean over the last ~8 calls.
-        let smoothed = expected - expected / 8 + micros(times.waited) / 8;
-        self.expected_wait_micros.store(smoothed, Ordering::Relaxed);
+        if let Some(waited) = times.waited {
+            let expected = self.expected_wait_micros.load(Ordering::Relaxed);
+            // An exponentially weighted mean over the last ~8 calls.
+            let smoothed = expected - expected / 8 + micros(waited) / 8;
+            self.expected_wait_micros.store(smoothed, Ordering::Relaxed);
+        }
 
         let Some(wait) = times.redis_wait else {
             return;
@@ -215,7 +218,7 @@ mod tests {
     /// A call whose oldest request waited `waited` and which waited `wait` in Redis.
     fn times(waited: Duration, wait: Duration) -> CallTimes {
         CallTimes {
-            waited,
+            waited: Some(waited),
             redis_wait: Some(wait),
             redis_wait_before: None,
         }
@@ -312,7 +315,7 @@ mod tests {
             .admit(INITIAL / 2, now, later(now, 500))
             .expect("room");
         let unknown = CallTimes {
-            waited: TARGET * 4,
+            waited: Some(TARGET * 4),
             redis_wait: None,
             redis_wait_before: None,
         };

@@ -89,6 +89,11 @@ pub enum BackendError {
     /// caller, safe to send again.
     #[error("backend connection not ready within {0:?}; nothing was sent")]
     NotReady(std::time::Duration),
+    /// The request's deadline passed while the backend, answering other calls, had not yet
+    /// answered this one: it may still count it. For the breaker an answer (the backend is
+    /// alive, only slow); for the caller, like a timeout.
+    #[error("backend busy: no answer within {0:?}")]
+    Busy(std::time::Duration),
     /// Redis ran the call after the request's deadline and decided nothing. Redis is alive
     /// (it answered): for the breaker an answer; for the caller, safe to send again.
     #[error("backend ran the call past its deadline; nothing was counted")]
@@ -461,7 +466,7 @@ fn outcome(results: &[Result<Decision, BackendError>]) -> Option<Outcome> {
     let mut outcome = None;
     for result in results {
         let this = match result {
-            Ok(_) | Err(BackendError::Protocol(_) | BackendError::Late) => {
+            Ok(_) | Err(BackendError::Protocol(_) | BackendError::Late | BackendError::Busy(_)) => {
                 return Some(Outcome::Answered);
             }
             Err(BackendError::Overloaded(_)) => continue,

@@ -473,9 +473,10 @@ impl ErrorKind {
     /// `floodgate_backend_shed_total` counts instead.
     fn of(error: &BackendError) -> Option<Self> {
         match error {
-            BackendError::Timeout(_) | BackendError::NotReady(_) | BackendError::Late => {
-                Some(ErrorKind::Timeout)
-            }
+            BackendError::Timeout(_)
+            | BackendError::NotReady(_)
+            | BackendError::Late
+            | BackendError::Busy(_) => Some(ErrorKind::Timeout),
             BackendError::Unavailable(_) | BackendError::NothingCounted(_) => {
                 Some(ErrorKind::Unavailable)
             }

@@ -144,40 +144,15 @@ struct LaneState<L> {
     /// Since when calls on this connection have waited with no reply at all; `None` while it
     /// answers.
     silent_since: Mutex<Option<Instant>>,
+    /// When a reply (a verdict, or a call run too late) last came back on this lane.
+    last_reply: Mutex<Option<Instant>>,
     /// When the last call Redis decided was answered here, and how long it waited in Redis
     /// before it ran: the requests queued meanwhile waited for it.
     last_call: Mutex<Option<(Instant, Duration)>>,
-    /// How late this process has lately been in reading replies, beyond the quickest reply.
-    reading_lag: ReadingLag,
-}
-
-/// How late this process reads replies, beyond the quickest reply seen (µs).
-#[derive(Default)]
-struct ReadingLag {
-    /// A mean over the last ~8 replies: how much earlier than a request's deadline Redis
-    /// must run its call for the verdict to reach it in time.
-    typical: AtomicU64,
-    /// The largest lately, decaying by 1/16 per reply: how long past the command timeout a
-    /// call waits for a verdict Redis gave in time.
-    worst: AtomicU64,
-}
-
-impl ReadingLag {
-    fn note(&self, lag: Duration) {
-        let lag = u64::try_from(lag.as_micros()).unwrap_or(u64::MAX);
-        let typical = self.typical.load(Ordering::Relaxed);
-        (self.typical).store(typical - typical / 8 + lag / 8, Ordering::Relaxed);
-        let worst = self.worst.load(Ordering::Relaxed);
-        (self.worst).store(lag.max(worst - worst / 16), Ordering::Relaxed);
-    }
-
-    fn typical(&self) -> Duration {
-        Duration::from_micros(self.typical.load(Ordering::Relaxed))
-    }
-
-    fn worst(&self) -> Duration {
-        Duration::from_micros(self.worst.load(Ordering::Relaxed))
-    }
+    /// How late this process has lately read replies, beyond the quickest reply (µs, a
+    /// mean over the last ~8): how much earlier than a request's deadline Redis must run
+    /// its call for the verdict to reach it in time.
+    reading_lag_micros: AtomicU64,
 }
 
 impl<L: Link> Lane<L> {
@@ -198,8 +173,9 @@ impl<L: Link> Lane<L> {
                 capacity: Capacity::new(target),
                 readiness: Mutex::new(Readiness::Unprepared),
                 silent_since: Mutex::new(None),
+                last_reply: Mutex::new(None),
                 last_call: Mutex::new(None),
-                reading_lag: ReadingLag::default(),
+                reading_lag_micros: AtomicU64::new(0),
             }),
             queue: OnceLock::new(),
         }
@@ -239,6 +215,10 @@ impl<L: Link> Lane<L> {
         match timeout_at(deadline, answer).await {
             Ok(Ok(results)) => results,
             Ok(Err(_)) => vec![Err(BackendError::Unavailable("redis call dropped".into())); count],
+            // Replies came back meanwhile: Redis is alive, only not done with this request.
+            Err(_) if lock(&self.state.last_reply).is_some_and(|at| at > now) => {
+                vec![Err(BackendError::Busy(timeout)); count]
+            }
             Err(_) => vec![Err(BackendError::Timeout(timeout)); count],
         }
     }
@@ -346,11 +326,18 @@ impl<L: Link> LaneState<L> {
         ))
     }
 
+    /// How long a connection may answer nothing while a call waits before it counts as dead.
+    fn silence(&self) -> Duration {
+        SILENCE.max(4 * self.shared.command_timeout)
+    }
+
     /// Takes the lag of a reply the script finished at `finished_at` (Redis' clock) and this
     /// process read at `received`.
     fn note_reading_lag(&self, finished_at: u64, received: Instant) {
         if let Some(lag) = self.redis_clock.lag(finished_at, received) {
-            self.reading_lag.note(lag);
+            let lag = u64::try_from(lag.as_micros()).unwrap_or(u64::MAX);
+            let mean = self.reading_lag_micros.load(Ordering::Relaxed);
+            (self.reading_lag_micros).store(mean - mean / 8 + lag / 8, Ordering::Relaxed);
         }
     }
 
@@ -366,7 +353,7 @@ impl<L: Link> LaneState<L> {
     /// A call sent at `sent` ran out of time: the connection is dropped only if nothing has
     /// come back on it for [`SILENCE`] (a reply on its way is read and discarded when it comes).
     fn timed_out_since(&self, sent: Instant, now: Instant) {
-        let silence = SILENCE.max(4 * self.shared.command_timeout);
+        let silence = self.silence();
         let mut silent_since = lock(&self.silent_since);
         let since = *silent_since.get_or_insert(sent);
         if now.saturating_duration_since(since) >= silence {
@@ -452,7 +439,7 @@ async fn send<L: Link>(
                 before
             };
             let times = CallTimes {
-                waited: now.saturating_duration_since(oldest),
+                waited: Some(now.saturating_duration_since(oldest)),
                 redis_wait,
                 redis_wait_before,
             };
@@ -497,12 +484,12 @@ enum Failure {
 }
 
 /// Sends `requests` in one call. Redis runs it by the earliest of their deadlines (less this
-/// process' recent lag in reading replies) and the command timeout from now, or not at all; its verdict is waited for that long, and as much
-/// again as this process has lately been late in reading replies (at least the command
-/// timeout): a server short of CPU reads its replies late, and a verdict Redis gave in time
-/// is no less valid for it. A call Redis ran too late is sent again with the requests that
-/// still have time; the others are answered (nothing was counted) and leave `requests`. The
-/// results are those of the requests that stay, in order.
+/// process' recent lag in reading replies) and the command timeout from now, or not at all;
+/// its verdict is waited for while its requests wait, until the connection would count as
+/// dead ([`SILENCE`]), and for a command timeout past that at least. A call
+/// Redis ran too late is sent again with the requests that still have time; the others are
+/// answered (nothing was counted) and leave `requests`. The results are those of the
+/// requests that stay, in order.
 async fn exchange_in_time<L: Link>(
     state: &LaneState<L>,
     requests: &mut Vec<Request>,
@@ -518,10 +505,15 @@ async fn exchange_in_time<L: Link>(
         // A verdict reaches its request later than the quickest reply would: the script
         // must run early enough for it to arrive by the request's deadline, or a request
         // answered by its policy would be counted as well.
-        let lag = state.reading_lag.typical();
+        let lag = Duration::from_micros(state.reading_lag_micros.load(Ordering::Relaxed));
         let in_time = earliest.checked_sub(lag).unwrap_or(earliest);
         let deadline = state.redis_clock.redis_time_at(in_time.min(bound));
-        let verdict_by = bound + state.reading_lag.worst().max(timeout);
+        // The script decides nothing after `bound`, so whatever comes back is a verdict:
+        // worth waiting for while its requests do, until the connection would count as dead
+        // (a server short of CPU reads its replies late, and a verdict Redis gave in time is
+        // no less valid), and one timeout past the bound at least.
+        let latest = requests.iter().map(|r| r.deadline).max().unwrap_or(bound);
+        let verdict_by = (bound + timeout).max(latest.min(sent + state.silence()));
         let verdict = match timeout_at(verdict_by, exchange(state, requests, deadline)).await {
             Ok(Ok(verdict)) => verdict,
             Ok(Err(error)) => return Err(Failure::Broken(error)),
@@ -542,7 +534,7 @@ async fn exchange_in_time<L: Link>(
             }),
         };
         let times = CallTimes {
-            waited: now.saturating_duration_since(sent),
+            waited: None,
             redis_wait: state.redis_wait(&late),
             redis_wait_before: None,
         };
@@ -636,6 +628,7 @@ async fn exchange<L: Link>(
     }
     let received = Instant::now();
     *lock(&state.silent_since) = None;
+    *lock(&state.last_reply) = Some(received);
     let (ran, results) = match batch_results(&reply, &groups) {
         Results::Late { ran_at } => {
             state.redis_clock.observe(ran_at, received);

@@ -261,6 +261,7 @@ impl RedisClusterBackend {
                                 Err(BackendError::Unavailable(_)
                                     | BackendError::NothingCounted(_)
                                     | BackendError::NotReady(_)
+                                    | BackendError::Busy(_)
                                     | BackendError::Timeout(_))
                             );
                             results[index] = Some(answer);
