@@ -62,17 +62,6 @@ fn keep_busy(redis: &RedisServer, busy: Duration, pause: Duration, stop: Arc<Ato
     });
 }
 
-/// The value of the unlabelled sample `name` on the server's `/metrics`.
-fn metric(server: &Floodgate, name: &str) -> f64 {
-    let (status, page) = server.http("GET", "/metrics", "");
-    assert_eq!(status, 200, "{page}");
-    page.lines()
-        .find_map(|line| line.strip_prefix(name)?.strip_prefix(' '))
-        .unwrap_or_else(|| panic!("no {name} on the page"))
-        .parse()
-        .expect("a number")
-}
-
 #[tokio::test]
 async fn a_redis_busy_beyond_its_capacity_sheds_the_excess_and_never_opens_the_breaker() {
     let redis = RedisServer::start();
@@ -133,7 +122,7 @@ async fn a_redis_busy_beyond_its_capacity_sheds_the_excess_and_never_opens_the_b
     );
     let shed: f64 = servers
         .iter()
-        .map(|server| metric(server, "floodgate_backend_shed_total"))
+        .map(|server| server.metric("floodgate_backend_shed_total"))
         .sum();
     assert!(
         shed > 0.0,
@@ -142,7 +131,7 @@ async fn a_redis_busy_beyond_its_capacity_sheds_the_excess_and_never_opens_the_b
     );
     for server in &servers {
         assert_eq!(
-            metric(server, "floodgate_backend_circuit_open"),
+            server.metric("floodgate_backend_circuit_open"),
             0.0,
             "{}",
             server.stderr()
@@ -251,12 +240,12 @@ async fn fails_fast_then_recovers(
     // The open breaker answers without calling Redis. A request can still be the probe the
     // cooldown lets through (it waits for its timeout), so one of a few must be refused.
     let refused = r#"floodgate_backend_errors_total{kind="circuit_open"}"#;
-    let refused_before = metric(server, refused);
+    let refused_before = server.metric(refused);
     for _ in 0..5 {
         assert_eq!(server.ask(ask()).await.overall_code, OVER_LIMIT);
     }
     assert!(
-        metric(server, refused) > refused_before,
+        server.metric(refused) > refused_before,
         "the open breaker refused none of five calls"
     );
 
@@ -352,10 +341,7 @@ async fn killed_connections_fail_only_the_calls_in_flight_and_never_open_the_bre
         "decided {decided}, refused {refused}"
     );
     assert_eq!(
-        metric(
-            &server,
-            "floodgate_backend_errors_total{kind=\"circuit_open\"}"
-        ),
+        server.metric("floodgate_backend_errors_total{kind=\"circuit_open\"}"),
         0.0,
         "the breaker opened"
     );

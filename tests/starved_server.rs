@@ -40,17 +40,6 @@ impl Drop for Hog {
     }
 }
 
-/// The value of the sample `name` (with its labels, as on the page) on `/metrics`.
-fn metric(server: &Floodgate, name: &str) -> f64 {
-    let (status, page) = server.http("GET", "/metrics", "");
-    assert_eq!(status, 200, "{page}");
-    page.lines()
-        .find_map(|line| line.strip_prefix(name)?.strip_prefix(' '))
-        .unwrap_or_else(|| panic!("no {name} on the page"))
-        .parse()
-        .expect("a number")
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_server_short_of_cpu_sheds_nothing_a_live_redis_decides() {
     const IN_FLIGHT: usize = 128;
@@ -96,7 +85,7 @@ async fn a_server_short_of_cpu_sheds_nothing_a_live_redis_decides() {
         decided += count;
     }
     assert!(decided > 0);
-    assert_eq!(metric(&server, "floodgate_backend_shed_total"), 0.0);
+    assert_eq!(server.metric("floodgate_backend_shed_total"), 0.0);
     let timeouts = r#"floodgate_backend_errors_total{kind="timeout"}"#;
-    assert_eq!(metric(&server, timeouts), 0.0);
+    assert_eq!(server.metric(timeouts), 0.0);
 }

@@ -218,6 +218,18 @@ impl Floodgate {
             .expect_err("ShouldRateLimit fails")
     }
 
+    /// The value of the sample `name` (with its labels, as the page writes them) on
+    /// `/metrics`; panics when there is none.
+    pub fn metric(&self, name: &str) -> f64 {
+        let (status, page) = self.http("GET", "/metrics", "");
+        assert_eq!(status, 200, "{page}");
+        page.lines()
+            .find_map(|line| line.strip_prefix(name)?.strip_prefix(' '))
+            .unwrap_or_else(|| panic!("no {name} on the page"))
+            .parse()
+            .expect("a number")
+    }
+
     /// A plain HTTP/1.1 exchange with the server's HTTP port: (status, body).
     pub fn http(&self, method: &str, path: &str, body: &str) -> (u16, String) {
         http(self.http_addr, method, path, body)
