@@ -25,6 +25,9 @@
 # root and a cgroup cpu controller needed), e.g. REDIS_CPU_QUOTA="20 5000": a fifth of a core in
 # 5 ms periods, so Redis saturates while the server and the load generator keep CPU to spare.
 #
+# Comparing builds in one session: SERVER_BIN is the server binary to measure (default: the
+# release build of this tree); the load generator is always this tree's release build.
+#
 # Placement, for a many-core machine: TASKSET_SERVER, TASKSET_REDIS, TASKSET_LOADGEN are cpu
 # lists for `taskset -c` (empty: no pinning); SERVER_THREADS becomes the server's
 # TOKIO_WORKER_THREADS. Ports: PORT_BASE (default 18000; HTTP on +80, gRPC on +81),
@@ -51,6 +54,7 @@ esac
 
 cargo build --release --quiet
 bin=target/release/floodgate
+server_bin=${SERVER_BIN:-$bin}
 pids=()
 trap 'for p in "${pids[@]}"; do kill "$p" 2>/dev/null; done; wait 2>/dev/null || true' EXIT
 
@@ -112,7 +116,7 @@ server_env=(RUST_LOG=warn)
 if [ -n "${SERVER_THREADS:-}" ]; then
     server_env+=("TOKIO_WORKER_THREADS=$SERVER_THREADS")
 fi
-"${pin_server[@]}" env "${server_env[@]}" "$bin" serve --rules benches/rules "${serve_flags[@]}" \
+"${pin_server[@]}" env "${server_env[@]}" "$server_bin" serve --rules benches/rules "${serve_flags[@]}" \
     --grpc-addr "127.0.0.1:$grpc_port" --http-addr "127.0.0.1:$http_port" >/dev/null &
 server=$!
 pids+=("$server")

@@ -85,7 +85,15 @@ async fn a_call_that_times_out_on_a_live_connection_keeps_it_and_counts_nothing(
     let server = floodgate(&link.url());
     let mut client = server.client().await;
     let ask = || request("far", vec![descriptor(&[("daily", "stall")])]);
-    let first = client.should_rate_limit(ask()).await.expect("an answer");
+    // The first call of a fresh process can take a little over the 15 ms here (8-10 ms
+    // on the relay's timers, and a debug build's first use of everything): a few tries.
+    let mut first = client.should_rate_limit(ask()).await.expect("an answer");
+    for _ in 0..4 {
+        if decided(first.get_ref()) {
+            break;
+        }
+        first = client.should_rate_limit(ask()).await.expect("an answer");
+    }
     assert!(decided(first.get_ref()), "{:?}", first.get_ref());
 
     // Redis stalls 40 ms on another connection: the next call misses its 15 ms and is
@@ -124,13 +132,7 @@ async fn a_killed_connection_8ms_away_costs_only_the_requests_it_carried() {
     const IN_FLIGHT: usize = 16;
     let redis = RedisServer::start();
     let link = DelayedLink::to(redis.port(), ONE_WAY).await;
-    // 30 ms: a request that waits behind a call in flight (8 ms there and back) and then
-    // for its own still has time.
-    let server = Floodgate::start_with_env(
-        &[("rules.yaml", RULES)],
-        &["--backend", "redis", "--redis-url", &link.url()],
-        &[("FLOODGATE_REDIS_COMMAND_TIMEOUT_MS", "30")],
-    );
+    let server = floodgate(&link.url());
     let stop = Arc::new(AtomicBool::new(false));
     let policy = Arc::new(AtomicUsize::new(0));
     let mut tasks = Vec::new();
@@ -166,10 +168,12 @@ async fn a_killed_connection_8ms_away_costs_only_the_requests_it_carried() {
     eprintln!(
         "policy answers: {before} before the kill, {after_kill} after; {decided_total} decided"
     );
-    // Most runs here cost 17-37; about one in five costs 130-380 for a reason not yet found
-    // (not the breaker: nothing is logged). Before, the same kill cost 6,604 in 2 s.
+    // The kill costs the requests on the connection and those that wait for the new one; the
+    // rest of the 1.5 s adds the requests this machine answers late anyway (a call takes
+    // 12-13 ms of the 15 here: 15-50 in the 0.5 s before the kill). Runs cost 59-98 in all.
+    // Before, the same kill cost 6,604 in 2 s, at twice the timeout.
     assert!(
-        after_kill < 1000,
+        after_kill < 300,
         "{after_kill} policy answers after the kill ({decided_total} decided)\n{}",
         server.stderr()
     );

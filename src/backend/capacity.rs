@@ -27,7 +27,10 @@
 //!
 //! **Deadlines.** A request whose deadline is nearer than the whole wait calls have lately
 //! had (this server's share included) would be answered too late whatever Redis does: it is
-//! refused at once.
+//! refused at once, unless the connection has fewer than [`FLOOR`] hits in flight. So few
+//! make no queue to refuse for: their wait is the link's and this server's, which refusing
+//! does not shorten. Clients that ask again at once would only make it longer, answering
+//! a storm of refusals while the few admitted requests wait, and the refusals would last.
 
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -37,7 +40,8 @@ use tokio::time::Instant;
 
 use super::recent::RecentLeast;
 
-/// The smallest limit: a connection always admits this many hits, however slow Redis looks.
+/// The smallest limit: a connection always admits this many hits, however slow Redis or
+/// its calls look.
 const FLOOR: usize = 32;
 /// The largest limit: beyond it a Redis that answers fast gains nothing from more queueing.
 const CEILING: usize = 1 << 20;
@@ -125,6 +129,8 @@ impl Capacity {
         }
         let refusal = if before + hits > limit {
             Some(Refusal::Full)
+        } else if before + hits <= FLOOR {
+            None
         } else {
             let expected = self.expected_wait_micros.load(Ordering::Relaxed);
             (deadline.saturating_duration_since(now) < Duration::from_micros(expected))
@@ -349,9 +355,22 @@ mod tests {
         for _ in 0..64 {
             capacity.answered(times(Duration::from_millis(4), QUICK), now);
         }
-        capacity.admit(1, now, later(now, 10)).expect("room");
+        capacity.admit(FLOOR, now, later(now, 10)).expect("room");
         assert_eq!(capacity.admit(1, now, later(now, 2)), Err(Refusal::TooLate));
         assert_eq!(capacity.admit(1, now, later(now, 10)), Ok(()));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_connection_with_few_hits_in_flight_admits_any_deadline() {
+        let capacity = Capacity::new(TARGET);
+        let now = Instant::now();
+        for _ in 0..64 {
+            capacity.answered(times(Duration::from_millis(40), QUICK), now);
+        }
+        for _ in 0..FLOOR {
+            assert_eq!(capacity.admit(1, now, later(now, 2)), Ok(()));
+        }
+        assert_eq!(capacity.admit(1, now, later(now, 2)), Err(Refusal::TooLate));
     }
 
     #[tokio::test(start_paused = true)]

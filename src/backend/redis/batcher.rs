@@ -9,6 +9,12 @@
 //! busier Redis is. (Two outstanding calls measured worse: smaller calls, less throughput
 //! and more server CPU per decision; docs/decisions.md.)
 //!
+//! **Pipelining when the way is long.** On a Redis whose round trip is a quarter of the
+//! command timeout or more, a request whose deadline is nearer than two of the connection's
+//! quickest round trips cannot afford to wait for the call ahead and then for its own: it
+//! goes at once, in a call beside the ones out (at most [`MAX_CALLS_IN_FLIGHT`]). There the
+//! connection carries several calls at once; on a near Redis, one.
+//!
 //! **Overload.** The queue is bounded by [`Capacity`]: a request that would exceed the
 //! connection's in-flight limit (which follows how long Redis itself takes with the calls),
 //! or whose deadline is nearer than calls have lately waited, is refused before it waits,
@@ -51,16 +57,19 @@ use futures_util::stream::FuturesUnordered;
 use tokio::sync::{mpsc, oneshot};
 use tokio::time::{Instant, timeout, timeout_at};
 
-use super::deadline::RedisClock;
+use super::deadline::{EPOCH, RedisClock};
 use super::script::{self, Group, Mode, PlannedHit, ScriptClock, Scripts, Target};
 use super::{RanAt, Results, batch_results, is_noscript, lock};
 use crate::backend::BackendError;
 use crate::backend::capacity::{CallTimes, Capacity, Refusal};
+use crate::backend::recent::RecentLeast;
 use crate::clock::Clock;
 use crate::limiter::{Decision, Hits, Limit};
 
-/// Script calls outstanding on one connection.
-const CALLS_IN_FLIGHT: usize = 1;
+/// The most script calls outstanding on one connection: one, unless requests cannot afford
+/// to wait for the call ahead ([`drive`]). Enough for a Redis 10 ms away at thousands of
+/// calls a second.
+const MAX_CALLS_IN_FLIGHT: usize = 64;
 /// Requests per script call, so that one call never holds Redis for long.
 const REQUESTS_PER_CALL: usize = 256;
 /// How long a connection may answer nothing while calls wait before it counts as dead (or
@@ -122,14 +131,17 @@ pub(super) struct Lane<L: Link> {
     queue: OnceLock<mpsc::UnboundedSender<Request>>,
 }
 
-/// The preparation of a connection, shared by every call that waits for it.
-type Preparation = SharedFuture<BoxFuture<'static, Result<(), BackendError>>>;
+/// The preparation of a connection, shared by every call that waits for it: the number of
+/// the connection it prepared.
+type Preparation = SharedFuture<BoxFuture<'static, Result<u64, BackendError>>>;
 
 /// Whether the lane's connection is open, with the script loaded and the server's clock read.
+/// Each connection prepared gets the next number, so that a call that failed on an old one
+/// does not drop its successor.
 enum Readiness {
     Unprepared,
     Preparing(Preparation),
-    Ready,
+    Ready(u64),
 }
 
 /// What the driver and its calls share.
@@ -141,6 +153,8 @@ struct LaneState<L> {
     redis_clock: Arc<RedisClock>,
     capacity: Capacity,
     readiness: Mutex<Readiness>,
+    /// How many connections have been prepared.
+    prepared: AtomicU64,
     /// Since when calls on this connection have waited with no reply at all; `None` while it
     /// answers.
     silent_since: Mutex<Option<Instant>>,
@@ -153,6 +167,9 @@ struct LaneState<L> {
     /// mean over the last ~8): how much earlier than a request's deadline Redis must run
     /// its call for the verdict to reach it in time.
     reading_lag_micros: AtomicU64,
+    /// The quickest round trip of a call lately (µs): how long before its deadline a
+    /// request must leave.
+    quickest_round_trip: RecentLeast,
 }
 
 impl<L: Link> Lane<L> {
@@ -172,10 +189,12 @@ impl<L: Link> Lane<L> {
                 redis_clock,
                 capacity: Capacity::new(target),
                 readiness: Mutex::new(Readiness::Unprepared),
+                prepared: AtomicU64::new(0),
                 silent_since: Mutex::new(None),
                 last_reply: Mutex::new(None),
                 last_call: Mutex::new(None),
                 reading_lag_micros: AtomicU64::new(0),
+                quickest_round_trip: RecentLeast::new(EPOCH),
             }),
             queue: OnceLock::new(),
         }
@@ -227,21 +246,25 @@ impl<L: Link> Lane<L> {
     /// resets the connection.
     pub async fn load_scripts(&self) -> Result<(), BackendError> {
         let state = &self.state;
+        let on = match *lock(&state.readiness) {
+            Readiness::Ready(connection) => Some(connection),
+            _ => None,
+        };
         let result = state.link.load_scripts(&state.shared.scripts).await;
-        if result.is_err() {
-            state.drop_connection();
+        if let (Err(_), Some(connection)) = (&result, on) {
+            state.drop_connection(connection);
         }
         result
     }
 
     /// Opens and prepares this lane's connection, if it is not ready yet (at start-up).
     pub async fn prepare(&self) -> Result<(), BackendError> {
-        self.state.ready().await
+        self.state.ready().await.map(drop)
     }
 
     /// Whether the connection is open and prepared: a request sent here waits for no set-up.
     pub fn is_ready(&self) -> bool {
-        matches!(*lock(&self.state.readiness), Readiness::Ready)
+        matches!(*lock(&self.state.readiness), Readiness::Ready(_))
     }
 
     /// One command on this lane's connection, outside the batched calls (admin work).
@@ -266,12 +289,12 @@ impl<L: Link> Lane<L> {
 impl<L: Link> LaneState<L> {
     /// Waits until the connection is prepared, starting the preparation if none is under
     /// way. The preparation runs in a task of its own: a caller that stops waiting leaves it
-    /// to finish for the next one.
-    async fn ready(self: &Arc<Self>) -> Result<(), BackendError> {
+    /// to finish for the next one. Gives the number of the connection that is ready.
+    async fn ready(self: &Arc<Self>) -> Result<u64, BackendError> {
         let preparation = {
             let mut readiness = lock(&self.readiness);
             match &*readiness {
-                Readiness::Ready => return Ok(()),
+                Readiness::Ready(connection) => return Ok(*connection),
                 Readiness::Preparing(preparation) => preparation.clone(),
                 Readiness::Unprepared => {
                     let task = tokio::spawn(self.clone().prepare());
@@ -293,8 +316,9 @@ impl<L: Link> LaneState<L> {
     }
 
     /// Opens the connection (the first command does), reads the server's clock if no lane
-    /// to it has yet, and loads the script; then marks the lane ready, or unprepared again.
-    async fn prepare(self: Arc<Self>) -> Result<(), BackendError> {
+    /// to it has yet, and loads the script; then marks the lane ready on a connection with a
+    /// new number, or unprepared again.
+    async fn prepare(self: Arc<Self>) -> Result<u64, BackendError> {
         let bound = self.shared.connect_timeout + 2 * self.shared.command_timeout;
         let steps = async {
             if !self.redis_clock.knows_offset() {
@@ -307,14 +331,19 @@ impl<L: Link> LaneState<L> {
             Err(_) => Err(BackendError::NotReady(bound)),
         };
         let mut readiness = lock(&self.readiness);
-        if result.is_ok() {
-            *readiness = Readiness::Ready;
-            *lock(&self.silent_since) = None;
-        } else {
-            *readiness = Readiness::Unprepared;
-            self.link.reset();
+        match result {
+            Ok(()) => {
+                let connection = self.prepared.fetch_add(1, Ordering::Relaxed) + 1;
+                *readiness = Readiness::Ready(connection);
+                *lock(&self.silent_since) = None;
+                Ok(connection)
+            }
+            Err(error) => {
+                *readiness = Readiness::Unprepared;
+                self.link.reset();
+                Err(error)
+            }
         }
-        result
     }
 
     /// How long a call waited before Redis ran it, from its send to the script's start, on
@@ -324,6 +353,25 @@ impl<L: Link> LaneState<L> {
         Some(Duration::from_micros(
             ran.at?.started.saturating_sub(sent_at),
         ))
+    }
+
+    /// Whether a round trip is at least a quarter of the command timeout: a request that
+    /// waits for the call ahead and then for its own spends half its time or more on the
+    /// way, and calls go beside each other. On a near Redis (a round trip of well under a
+    /// millisecond) the driver does not watch the queue while its call is out: a wake-up
+    /// per request cost 5% of the server's CPU per decision, for nothing.
+    fn far(&self) -> bool {
+        let quickest = self.quickest_round_trip.least().unwrap_or(0).unsigned_abs();
+        4 * Duration::from_micros(quickest) >= self.shared.command_timeout
+    }
+
+    /// When `waiting` must leave, beside the calls out if need be: two quick round trips
+    /// before the earliest deadline, one for the call and one for the link's variance.
+    /// `None` before the first reply, or with nothing waiting.
+    fn send_by(&self, waiting: &[Request]) -> Option<Instant> {
+        let round_trip = Duration::from_micros(self.quickest_round_trip.least()?.unsigned_abs());
+        let earliest = waiting.iter().map(|r| r.deadline).min()?;
+        Some(earliest.checked_sub(2 * round_trip).unwrap_or(earliest))
     }
 
     /// How long a connection may answer nothing while a call waits before it counts as dead.
@@ -341,60 +389,92 @@ impl<L: Link> LaneState<L> {
         }
     }
 
-    /// The connection looks broken: the next call prepares a new one.
-    fn drop_connection(&self) {
+    /// Connection number `connection` looks broken: unless it has been replaced already (the
+    /// calls out on it fail together), the next call prepares a new one.
+    fn drop_connection(&self, connection: u64) {
         let mut readiness = lock(&self.readiness);
-        if matches!(*readiness, Readiness::Ready) {
+        if matches!(*readiness, Readiness::Ready(current) if current == connection) {
             *readiness = Readiness::Unprepared;
+            self.link.reset();
         }
-        self.link.reset();
     }
 
-    /// A call sent at `sent` ran out of time: the connection is dropped only if nothing has
-    /// come back on it for [`SILENCE`] (a reply on its way is read and discarded when it comes).
-    fn timed_out_since(&self, sent: Instant, now: Instant) {
+    /// A call sent at `sent` on `connection` ran out of time: the connection is dropped only
+    /// if nothing has come back on it for [`SILENCE`] (a reply on its way is read and
+    /// discarded when it comes).
+    fn timed_out_since(&self, connection: u64, sent: Instant, now: Instant) {
         let silence = self.silence();
         let mut silent_since = lock(&self.silent_since);
         let since = *silent_since.get_or_insert(sent);
         if now.saturating_duration_since(since) >= silence {
             *silent_since = None;
             drop(silent_since);
-            self.drop_connection();
+            self.drop_connection(connection);
         }
     }
 }
 
-/// Takes what is queued, a call at a time, keeping [`CALLS_IN_FLIGHT`] calls outstanding.
+/// Takes what is queued, a call at a time: what arrives while a call is out waits for it
+/// and goes in the next, unless it cannot afford to. On a Redis far away (see
+/// [`LaneState::far`]) the queue is watched while calls are out, and a request whose
+/// deadline is nearer than two of the lane's quickest round trips goes at once, in a call
+/// beside the ones out (up to [`MAX_CALLS_IN_FLIGHT`]): waiting for the call ahead and then
+/// for one's own would take longer than it has. On a near Redis the driver sleeps while its
+/// call is out, and wakes once for everything that arrived meanwhile.
 async fn drive<L: Link>(state: Arc<LaneState<L>>, mut queue: mpsc::UnboundedReceiver<Request>) {
     let mut calls = FuturesUnordered::new();
-    let mut taken = Vec::with_capacity(REQUESTS_PER_CALL);
-    loop {
+    let mut waiting: Vec<Request> = Vec::with_capacity(REQUESTS_PER_CALL);
+    let mut open = true;
+    while open || !waiting.is_empty() || !calls.is_empty() {
+        let hurry = (!waiting.is_empty() && calls.len() < MAX_CALLS_IN_FLIGHT)
+            .then(|| state.send_by(&waiting))
+            .flatten();
+        let room = REQUESTS_PER_CALL - waiting.len();
         tokio::select! {
             biased;
             Some(()) = calls.next(), if !calls.is_empty() => {}
-            received = queue.recv_many(&mut taken, REQUESTS_PER_CALL),
-                if calls.len() < CALLS_IN_FLIGHT =>
+            received = queue.recv_many(&mut waiting, room),
+                if open && room > 0 && (calls.is_empty() || state.far()) =>
             {
-                if received == 0 {
-                    break;
-                }
-                let mut requests = std::mem::take(&mut taken);
-                // Requests whose caller stopped waiting are not sent: they were answered
-                // another way, and must not be counted now.
-                requests.retain(|request| {
-                    let waiting = !request.reply.is_closed();
-                    if !waiting {
-                        state.capacity.release(request.hits.len());
-                    }
-                    waiting
-                });
-                if !requests.is_empty() {
-                    calls.push(call(state.clone(), requests));
-                }
+                open = received > 0;
+            }
+            () = tokio::time::sleep_until(hurry.unwrap_or_else(Instant::now)),
+                if hurry.is_some() => {
+                dispatch(&state, &mut queue, &mut waiting, &mut calls);
             }
         }
+        if calls.is_empty() && !waiting.is_empty() {
+            dispatch(&state, &mut queue, &mut waiting, &mut calls);
+        }
     }
-    while calls.next().await.is_some() {}
+}
+
+/// Starts a call with everything waiting and whatever else is queued (up to
+/// [`REQUESTS_PER_CALL`]), leaving out the requests whose caller stopped waiting: they were
+/// answered another way, and must not be counted now.
+fn dispatch<L: Link>(
+    state: &Arc<LaneState<L>>,
+    queue: &mut mpsc::UnboundedReceiver<Request>,
+    waiting: &mut Vec<Request>,
+    calls: &mut FuturesUnordered<BoxFuture<'static, ()>>,
+) {
+    while waiting.len() < REQUESTS_PER_CALL {
+        match queue.try_recv() {
+            Ok(request) => waiting.push(request),
+            Err(_) => break,
+        }
+    }
+    let mut requests = std::mem::replace(waiting, Vec::with_capacity(REQUESTS_PER_CALL));
+    requests.retain(|request| {
+        let answered = request.reply.is_closed();
+        if answered {
+            state.capacity.release(request.hits.len());
+        }
+        !answered
+    });
+    if !requests.is_empty() {
+        calls.push(call(state.clone(), requests).boxed());
+    }
 }
 
 /// One script call for `requests` (more if Redis runs it too late for some of them), once
@@ -402,7 +482,7 @@ async fn drive<L: Link>(state: Arc<LaneState<L>>, mut queue: mpsc::UnboundedRece
 async fn call<L: Link>(state: Arc<LaneState<L>>, mut requests: Vec<Request>) {
     let latest = requests.iter().map(|r| r.deadline).max();
     let results = match timeout_at(latest.unwrap_or_else(Instant::now), state.ready()).await {
-        Ok(Ok(())) => send(&state, &mut requests).await,
+        Ok(Ok(connection)) => send(&state, connection, &mut requests).await,
         // Nothing was sent: the requests may go again.
         Ok(Err(error)) => answer_all(&requests, |_| error.clone()),
         Err(_) => answer_all(&requests, |request| {
@@ -418,10 +498,11 @@ async fn call<L: Link>(state: Arc<LaneState<L>>, mut requests: Vec<Request>) {
     }
 }
 
-/// Sends the call (again, with the requests that still have time, while Redis runs it too
+/// Sends the call on connection number `connection` (again, with the requests that still have time, while Redis runs it too
 /// late), and reads what it says of the wait into the lane's capacity.
 async fn send<L: Link>(
     state: &LaneState<L>,
+    connection: u64,
     requests: &mut Vec<Request>,
 ) -> Vec<Vec<Result<Decision, BackendError>>> {
     let oldest = requests.iter().map(|r| r.admitted).min();
@@ -448,11 +529,11 @@ async fn send<L: Link>(
         }
         Err(Failure::Broken(error)) => {
             // Possibly a dead socket: the next call opens a new connection.
-            state.drop_connection();
+            state.drop_connection(connection);
             answer_all(requests, |_| error.clone())
         }
         Err(Failure::Unanswered { sent }) => {
-            state.timed_out_since(sent, Instant::now());
+            state.timed_out_since(connection, sent, Instant::now());
             requests.iter().map(|r| timed_out(state, r)).collect()
         }
     }
@@ -620,13 +701,17 @@ async fn exchange<L: Link>(
         deadline,
         local_now,
     );
+    let asked = Instant::now();
     let mut reply = state.link.query(&command).await?;
+    let round_trip = asked.elapsed();
     if is_noscript(&reply) {
         tracing::info!("redis lost its script; loading it again");
         state.link.load_scripts(&shared.scripts).await?;
         reply = state.link.query(&command).await?;
     }
     let received = Instant::now();
+    let round_trip = i64::try_from(round_trip.as_micros()).unwrap_or(i64::MAX);
+    state.quickest_round_trip.observe(round_trip, received);
     *lock(&state.silent_since) = None;
     *lock(&state.last_reply) = Some(received);
     let (ran, results) = match batch_results(&reply, &groups) {
