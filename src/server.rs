@@ -12,16 +12,15 @@
 use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::path::PathBuf;
-use std::pin::{Pin, pin};
+use std::pin::pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::task::{Context, Poll};
 use std::time::Duration;
 
 use anyhow::Context as _;
 use axum::Router;
 use axum::response::IntoResponse;
-use futures_util::{Stream, StreamExt};
+use futures_util::StreamExt;
 use hyper::body::Incoming;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
@@ -31,14 +30,15 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
 use crate::backend::redis::Password;
+use crate::grpc_conn::{self, Http2Limits};
 use crate::http::{self, HttpState};
 use crate::listener::{Acceptor, Timeouts};
 use crate::proto::FILE_DESCRIPTOR_SET;
 use crate::proto::envoy::service::ratelimit::v3::rate_limit_service_server::RateLimitServiceServer;
 use crate::service::RateLimiter;
-use crate::service::grpc::{GrpcService, StampArrival};
+use crate::service::grpc::{CallDeadline, GrpcService, StampArrival};
 use crate::settings::ConnectionLimits;
-use crate::socket::{Connection, Listener};
+use crate::socket::{Connections, Listener};
 use crate::tls::ServerTls;
 
 /// Where and how the gRPC port listens.
@@ -111,14 +111,6 @@ pub struct RunningServer {
 
 /// How often the backend's health is looked at (and an open circuit probed).
 const HEALTH_INTERVAL: Duration = Duration::from_millis(100);
-
-/// The gRPC connection's receive window: 16 MiB of request bodies a connection may hold
-/// unread before h2 calls it abusive (at ~450 bytes a request, some 37,000).
-const OVERLOAD_CONNECTION_WINDOW: u32 = 16 << 20;
-
-/// Client-cancelled streams a connection may have pending before h2 calls it abusive (the
-/// rapid-reset guard; hyper's default is 20).
-const OVERLOAD_PENDING_RESETS: usize = 1024;
 
 /// Binds the `endpoints` (port 0 picks a free port) and starts serving, each connection
 /// held to `limits`, ready as `readiness` says.
@@ -198,35 +190,22 @@ pub async fn start(
         grpc.tls,
         timeouts.handshake,
     );
-    let mut builder = tonic::transport::Server::builder();
-    if limits.max_connection_age_ms > 0 {
-        builder = builder.max_connection_age(millis(limits.max_connection_age_ms));
-    }
-    if limits.max_connection_age_grace_ms > 0 {
-        builder = builder.max_connection_age_grace(millis(limits.max_connection_age_grace_ms));
-    }
-    let grpc = builder
-        // Under overload, answers fall behind and clients cancel the requests they stopped
-        // waiting for; h2 answers 20 such resets, or a connection window's worth of unread
-        // request bodies (1 MiB: some 2,300 small requests), with GOAWAY, which fails every
-        // request on the connection, Envoy's included. Allow a load's worth of both.
-        .initial_connection_window_size(Some(OVERLOAD_CONNECTION_WINDOW))
-        .http2_max_pending_accept_reset_streams(Some(OVERLOAD_PENDING_RESETS))
-        .max_concurrent_streams(limits.max_concurrent_streams)
-        .http2_keepalive_interval(Some(keepalive))
-        .http2_keepalive_timeout(Some(keepalive))
-        .timeout(millis(limits.request_timeout_ms))
-        .layer(tower::layer::layer_fn(StampArrival))
-        .add_service(health_service)
+    let routes = tonic::service::Routes::new(health_service)
         .add_service(reflection)
         .add_service(RateLimitServiceServer::new(GrpcService(limiter.clone())))
-        // Shutdown ends the incoming stream, which drops the listener, and tonic then lets the
-        // open connections finish: a shutdown signal of tonic's own would stop it accepting
-        // but keep the listener bound until the last connection closed.
-        .serve_with_incoming_shutdown(
-            UntilStopped::new(incoming, wait_for_stop(stopped.clone())),
-            std::future::pending::<()>(),
-        );
+        .prepare();
+    let service = StampArrival(CallDeadline {
+        inner: routes,
+        request_timeout: millis(limits.request_timeout_ms),
+    });
+    let http2 = Http2Limits {
+        max_concurrent_streams: limits.max_concurrent_streams,
+        keepalive,
+        max_age: (limits.max_connection_age_ms > 0).then(|| millis(limits.max_connection_age_ms)),
+        max_age_grace: (limits.max_connection_age_grace_ms > 0)
+            .then(|| millis(limits.max_connection_age_grace_ms)),
+    };
+    let grpc = grpc_conn::serve(incoming, service, http2, wait_for_stop(stopped.clone()));
     let state = HttpState {
         limiter,
         ready: ready.clone(),
@@ -270,8 +249,7 @@ pub async fn start(
                 admin.await;
             }
         };
-        let (grpc, (), (), ()) = tokio::join!(grpc, http, metrics, admin);
-        grpc.context("gRPC server")?;
+        tokio::join!(grpc, http, metrics, admin);
         Ok(())
     });
     Ok(RunningServer {
@@ -286,9 +264,6 @@ pub async fn start(
         watcher,
     })
 }
-
-/// A listener's connections: plain, or after their TLS handshake.
-type Connections = Pin<Box<dyn Stream<Item = std::io::Result<Connection>> + Send>>;
 
 /// The connections `acceptor` accepts, after a TLS handshake within `handshake` where `tls`
 /// is set (whose files are then watched for rotation).
@@ -449,37 +424,6 @@ impl RunningServer {
     /// Waits until the servers stop on their own (a listener failed).
     pub async fn wait(&mut self) -> anyhow::Result<()> {
         (&mut self.tasks).await.context("server task")?
-    }
-}
-
-/// The gRPC connections to accept, until shutdown begins: then the listener is dropped at
-/// once, so new clients are refused (and go to another replica) instead of waiting in a
-/// backlog nobody accepts from while in-flight requests finish.
-struct UntilStopped<S> {
-    incoming: Option<S>,
-    stopped: Pin<Box<dyn Future<Output = ()> + Send>>,
-}
-
-impl<S> UntilStopped<S> {
-    fn new(incoming: S, stopped: impl Future<Output = ()> + Send + 'static) -> Self {
-        UntilStopped {
-            incoming: Some(incoming),
-            stopped: Box::pin(stopped),
-        }
-    }
-}
-
-impl<S: Stream + Unpin> Stream for UntilStopped<S> {
-    type Item = S::Item;
-
-    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<S::Item>> {
-        if self.stopped.as_mut().poll(cx).is_ready() {
-            self.incoming = None;
-        }
-        match self.incoming.as_mut() {
-            Some(incoming) => Pin::new(incoming).poll_next(cx),
-            None => Poll::Ready(None),
-        }
     }
 }
 

@@ -150,13 +150,14 @@ pub struct ConnectionLimits {
     /// HTTP/2 pings on a connection with nothing to read; a ping unanswered for as long
     /// closes it.
     pub keepalive_interval_ms: u64,
-    /// The most one request may take, its body included (HTTP: 408; gRPC: CANCELLED).
+    /// The most one request may take, its body included (HTTP: 408; gRPC: CANCELLED, or
+    /// DEADLINE_EXCEEDED when the caller's `grpc-timeout` is the sooner).
     pub request_timeout_ms: u64,
     /// Streams (requests in flight) one HTTP/2 connection may have open; clients open more
     /// connections beyond it (Envoy's connection pool does).
     pub max_concurrent_streams: u32,
-    /// gRPC: a connection this old is asked to go (HTTP/2 GOAWAY), so that clients spread
-    /// over replicas added since they connected; 0: never.
+    /// gRPC: a connection this old (±10%) is asked to go (HTTP/2 GOAWAY), so that clients
+    /// spread over replicas added since they connected; 0: never.
     pub max_connection_age_ms: u64,
     /// gRPC: after `max_connection_age_ms`, how long its requests in flight get before the
     /// connection is closed; 0: until they finish (each is bounded by `request_timeout_ms`).

@@ -51,17 +51,13 @@ pub enum Socket {
     Unix(UnixStream),
 }
 
+/// A listener's connections: plain, or after their TLS handshake.
+pub type Connections = Pin<Box<dyn futures_util::Stream<Item = io::Result<Connection>> + Send>>;
+
 /// A connection the gRPC server serves: plain, or under TLS once its handshake is done.
 pub enum Connection {
     Plain(Guarded<Socket>),
     Tls(Box<TlsStream<Guarded<Socket>>>),
-}
-
-impl tonic::transport::server::Connected for Connection {
-    /// Nothing of the peer is used by the services.
-    type ConnectInfo = ();
-
-    fn connect_info(&self) -> Self::ConnectInfo {}
 }
 
 /// AsyncRead and AsyncWrite for an enum whose every variant has them.

@@ -94,6 +94,54 @@ where
     }
 }
 
+/// A layer's service that holds every call to its deadline: the caller's `grpc-timeout`
+/// (answered DEADLINE_EXCEEDED once it passes: the caller has stopped waiting) or, if sooner
+/// or absent, the server's `request_timeout` (answered CANCELLED), its body included.
+#[derive(Debug, Clone)]
+pub struct CallDeadline<S> {
+    pub inner: S,
+    pub request_timeout: Duration,
+}
+
+impl<S, B> tower::Service<http::Request<B>> for CallDeadline<S>
+where
+    S: tower::Service<http::Request<B>, Response = http::Response<tonic::body::Body>>,
+    S::Future: Send + 'static,
+{
+    type Response = S::Response;
+    type Error = S::Error;
+    type Future = futures_util::future::BoxFuture<'static, Result<S::Response, S::Error>>;
+
+    fn poll_ready(
+        &mut self,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, request: http::Request<B>) -> Self::Future {
+        let callers = (request.headers().get("grpc-timeout"))
+            .and_then(|value| value.to_str().ok())
+            .and_then(parse_grpc_timeout)
+            .filter(|&waits| waits < self.request_timeout);
+        let limit = callers.unwrap_or(self.request_timeout);
+        let call = self.inner.call(request);
+        Box::pin(async move {
+            match tokio::time::timeout(limit, call).await {
+                Ok(answer) => answer,
+                Err(_) if callers.is_some() => Ok(Status::deadline_exceeded(
+                    "the caller's grpc-timeout passed before the call was answered",
+                )
+                .into_http()),
+                Err(_) => Ok(Status::cancelled(
+                    "the call took longer than connection_limits.request_timeout_ms",
+                )
+                .into_http()),
+            }
+        })
+    }
+}
+
 /// What an UNAVAILABLE answer carries when no hit of the request was counted, so that a
 /// client may send it again without counting twice (`docs/clients.md`).
 pub const NOTHING_COUNTED: (&str, &str) = ("floodgate-counted", "none");

@@ -1,0 +1,199 @@
+//! The gRPC port's connections: HTTP/2 served by hyper around tonic's routes, each call held
+//! to its deadline (`service::grpc::CallDeadline`), each connection retired at its age.
+//!
+//! **Retirement.** With `max_connection_age_ms`, a connection that old is sent GOAWAY: its
+//! client opens a new connection for its next calls (to whichever replica its balancer picks
+//! now, the point of the setting) while the calls in flight finish. The age varies by ±10%
+//! per connection, so that the connections a replica accepted together (every Envoy after a
+//! rollout) do not all leave in the same second. `max_connection_age_grace_ms` bounds how
+//! long their calls get once GOAWAY is sent; past it the connection is closed. 0 leaves
+//! them until they finish, each bounded by its own deadline. (tonic's own maximum age is not
+//! used: in tonic 0.14.5 its connection task panics once the age passes, and with a grace it
+//! sends no GOAWAY at all, closing the connection at age + grace under its calls.)
+//!
+//! **Shutdown.** When the server stops, the listener is dropped at once (new clients go to
+//! another replica), every open connection is sent GOAWAY, and [`serve`] returns once their
+//! calls are done; `RunningServer::shutdown`'s grace period bounds that wait.
+
+use std::convert::Infallible;
+use std::future::Future;
+use std::pin::pin;
+use std::time::Duration;
+
+use futures_util::StreamExt;
+use hyper::body::Incoming;
+use hyper::server::conn::http2;
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use hyper_util::service::TowerToHyperService;
+use tokio::sync::watch;
+use tokio::time::{Instant, sleep_until};
+
+use crate::socket::{Connection, Connections};
+
+/// The gRPC connection's receive window: 16 MiB of request bodies a connection may hold
+/// unread before h2 calls it abusive (at ~450 bytes a request, some 37,000).
+const OVERLOAD_CONNECTION_WINDOW: u32 = 16 << 20;
+
+/// Client-cancelled streams a connection may have pending before h2 calls it abusive (the
+/// rapid-reset guard; hyper's default is 20).
+const OVERLOAD_PENDING_RESETS: usize = 1024;
+
+/// How far a connection's age may stray from `max_connection_age_ms`, either way.
+const AGE_JITTER: f64 = 0.1;
+
+/// How a gRPC connection is held: HTTP/2's bounds and when it is retired.
+#[derive(Debug, Clone, Copy)]
+pub struct Http2Limits {
+    pub max_concurrent_streams: u32,
+    /// Pings on a connection with nothing to read; one unanswered for as long closes it.
+    pub keepalive: Duration,
+    /// A connection this old (±10%) is sent GOAWAY; `None`: never.
+    pub max_age: Option<Duration>,
+    /// How long a retired connection's calls get after GOAWAY; `None`: until they finish.
+    pub max_age_grace: Option<Duration>,
+}
+
+/// Serves `service` on every connection `incoming` yields until `stopped`, then drops the
+/// listener, sends every connection GOAWAY and returns once their calls are done.
+pub async fn serve<S>(
+    mut incoming: Connections,
+    service: S,
+    limits: Http2Limits,
+    stopped: impl Future<Output = ()>,
+) where
+    S: tower::Service<
+            http::Request<Incoming>,
+            Response = http::Response<tonic::body::Body>,
+            Error = Infallible,
+        > + Clone
+        + Send
+        + 'static,
+    S::Future: Send + 'static,
+{
+    let mut builder = http2::Builder::new(TokioExecutor::new());
+    // Under overload, answers fall behind and clients cancel the requests they stopped
+    // waiting for; h2 answers 20 such resets, or a connection window's worth of unread
+    // request bodies (1 MiB: some 2,300 small requests), with GOAWAY, which fails every
+    // request on the connection, Envoy's included. Allow a load's worth of both.
+    builder
+        .timer(TokioTimer::new())
+        .initial_connection_window_size(OVERLOAD_CONNECTION_WINDOW)
+        .max_pending_accept_reset_streams(OVERLOAD_PENDING_RESETS)
+        .max_concurrent_streams(limits.max_concurrent_streams)
+        .keep_alive_interval(limits.keepalive)
+        .keep_alive_timeout(limits.keepalive);
+    // Every connection holds a receiver; the sender tells them to drain, and learns when
+    // the last one is gone.
+    let (drain, draining) = watch::channel(false);
+    let mut stopped = pin!(stopped);
+    loop {
+        let io = tokio::select! {
+            io = incoming.next() => match io {
+                Some(Ok(io)) => io,
+                Some(Err(error)) => {
+                    tracing::debug!("accepting a gRPC connection: {error}");
+                    continue;
+                }
+                None => break,
+            },
+            () = &mut stopped => break,
+        };
+        let retire_at = limits.max_age.map(|age| Instant::now() + jittered(age));
+        tokio::spawn(serve_connection(
+            builder.clone(),
+            io,
+            TowerToHyperService::new(service.clone()),
+            retire_at,
+            limits.max_age_grace,
+            draining.clone(),
+        ));
+    }
+    drop(incoming);
+    drop(draining);
+    let _ = drain.send(true);
+    drain.closed().await;
+}
+
+/// `age`, ±[`AGE_JITTER`].
+fn jittered(age: Duration) -> Duration {
+    age.mul_f64(1.0 - AGE_JITTER + 2.0 * AGE_JITTER * fastrand::f64())
+}
+
+/// Serves one connection until it ends: sent GOAWAY at `retire_at` (then closed after
+/// `grace`, if its calls are not done by then) or when the server drains.
+async fn serve_connection<S>(
+    builder: http2::Builder<TokioExecutor>,
+    io: Connection,
+    service: TowerToHyperService<S>,
+    retire_at: Option<Instant>,
+    grace: Option<Duration>,
+    mut draining: watch::Receiver<bool>,
+) where
+    S: tower::Service<
+            http::Request<Incoming>,
+            Response = http::Response<tonic::body::Body>,
+            Error = Infallible,
+        > + Clone
+        + Send
+        + 'static,
+    S::Future: Send + 'static,
+{
+    let mut connection = pin!(builder.serve_connection(TokioIo::new(io), service));
+    let mut retire = pin!(sleep_until_or_never(retire_at));
+    let mut closes_at = pin!(sleep_until_or_never(None));
+    let mut goaway_sent = false;
+    loop {
+        tokio::select! {
+            served = connection.as_mut() => {
+                if let Err(error) = served {
+                    tracing::debug!("gRPC connection closed: {error}");
+                }
+                break;
+            }
+            () = retire.as_mut(), if !goaway_sent => {
+                tracing::debug!("retiring a gRPC connection at its max age");
+                connection.as_mut().graceful_shutdown();
+                goaway_sent = true;
+                if let Some(grace) = grace {
+                    closes_at.set(sleep_until_or_never(Some(Instant::now() + grace)));
+                }
+            }
+            _ = draining.wait_for(|drain| *drain), if !goaway_sent => {
+                connection.as_mut().graceful_shutdown();
+                goaway_sent = true;
+            }
+            () = closes_at.as_mut() => {
+                tracing::debug!("closing a retired gRPC connection at the end of its grace");
+                break;
+            }
+        }
+    }
+}
+
+/// Sleeps until `at`, or forever.
+async fn sleep_until_or_never(at: Option<Instant>) {
+    match at {
+        Some(at) => sleep_until(at).await,
+        None => std::future::pending().await,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ages_stray_at_most_a_tenth_either_way_and_do_stray() {
+        let age = Duration::from_secs(100);
+        let ages: Vec<Duration> = (0..1000).map(|_| jittered(age)).collect();
+        assert!(
+            ages.iter()
+                .all(|a| (90.0..=110.0).contains(&a.as_secs_f64()))
+        );
+        let (least, most) = (ages.iter().min().unwrap(), ages.iter().max().unwrap());
+        assert!(
+            *most - *least > Duration::from_secs(15),
+            "{least:?}..{most:?}"
+        );
+    }
+}
