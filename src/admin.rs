@@ -1,7 +1,8 @@
 //! The admin API: read and reset counters, on a listener of its own (`admin_addr`, off by
-//! default), never open: every request carries `Authorization: Bearer <admin_token>`, or
-//! comes over mutual TLS (`admin_tls.client_ca_file`: a client without a certificate the CA
-//! signed is refused in the handshake), or both where both are set.
+//! default), never open: every request carries `Authorization: Bearer <admin_token>` (the
+//! scheme in any case, RFC 7235 §2.1), or comes over mutual TLS (`admin_tls.client_ca_file`:
+//! a client without a certificate the CA signed is refused in the handshake), or both where
+//! both are set.
 //!
 //! - `POST /admin/v1/counters`: `{"domain": "api", "descriptor": [{"key": "user", "value":
 //!   "alice"}]}` answers the rule the descriptor resolves to and each of its limits: the
@@ -162,7 +163,7 @@ impl CounterRequest {
 async fn authorize(State(token): State<Arc<Password>>, request: Request, next: Next) -> Response {
     let given = (request.headers().get(AUTHORIZATION))
         .and_then(|value| value.to_str().ok())
-        .and_then(|value| value.strip_prefix("Bearer "));
+        .and_then(bearer_token);
     match given {
         Some(given) if same(given.as_bytes(), token.expose().as_bytes()) => next.run(request).await,
         _ if is_grpc(&request) => {
@@ -171,6 +172,15 @@ async fn authorize(State(token): State<Arc<Password>>, request: Request, next: N
         }
         _ => (StatusCode::UNAUTHORIZED, REFUSED).into_response(),
     }
+}
+
+/// The token of `Bearer <token>` credentials. The scheme's case is free and spaces may
+/// separate it from the token (RFC 7235 §2.1); the token is taken as written.
+fn bearer_token(credentials: &str) -> Option<&str> {
+    let (scheme, token) = credentials.split_once(' ')?;
+    scheme
+        .eq_ignore_ascii_case("bearer")
+        .then(|| token.trim_start_matches(' '))
 }
 
 /// What a request without the right token is told.
@@ -284,7 +294,17 @@ fn bad_body(rejection: JsonRejection) -> Response {
 
 #[cfg(test)]
 mod tests {
-    use super::same;
+    use super::{bearer_token, same};
+
+    #[test]
+    fn the_bearer_scheme_is_any_case_and_the_token_as_written() {
+        assert_eq!(bearer_token("Bearer s3cret"), Some("s3cret"));
+        assert_eq!(bearer_token("bEARER   s3cret"), Some("s3cret"));
+        assert_eq!(bearer_token("Bearer S3cret x"), Some("S3cret x"));
+        assert_eq!(bearer_token("Bearers3cret"), None);
+        assert_eq!(bearer_token("Basic s3cret"), None);
+        assert_eq!(bearer_token("s3cret"), None);
+    }
 
     #[test]
     fn tokens_compare_equal_only_when_equal() {

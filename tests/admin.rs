@@ -39,13 +39,23 @@ const ALICE: &str = r#"{"domain": "admin", "descriptor": [{"key": "user", "value
 
 /// An admin request with `token`; status and body.
 fn admin(server: &Floodgate, path: &str, token: Option<&str>, body: &str) -> (u16, String) {
-    let addr = server.admin_addr.expect("the admin API is on");
     let bearer = token.map(|token| format!("Bearer {token}"));
     let headers: Vec<(&str, &str)> = bearer
         .iter()
         .map(|value| ("authorization", value.as_str()))
         .collect();
-    http_with(addr, "POST", path, &headers, body)
+    admin_with(server, path, &headers, body)
+}
+
+/// An admin request with `headers` as given; status and body.
+fn admin_with(
+    server: &Floodgate,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: &str,
+) -> (u16, String) {
+    let addr = server.admin_addr.expect("the admin API is on");
+    http_with(addr, "POST", path, headers, body)
 }
 
 /// Each limit's `remaining` in an answer of `POST /admin/v1/counters`.
@@ -117,6 +127,34 @@ async fn every_admin_request_needs_the_token() {
         admin(&server, "/admin/v1/counters", Some(TOKEN), "{}").0,
         400
     );
+}
+
+#[tokio::test]
+async fn the_auth_scheme_is_any_case_and_the_token_exact() {
+    let server = start(&[]);
+    let status = |authorization: &str| {
+        let headers = [("authorization", authorization)];
+        admin_with(&server, "/admin/v1/counters", &headers, ALICE).0
+    };
+    for scheme in ["Bearer", "bearer", "BEARER", "bEaReR"] {
+        assert_eq!(status(&format!("{scheme} {TOKEN}")), 200, "{scheme}");
+    }
+    assert_eq!(
+        status(&format!("bearer   {TOKEN}")),
+        200,
+        "spaces before the token"
+    );
+    let refused = [
+        TOKEN.to_owned(),
+        format!("Bearer{TOKEN}"),
+        format!("Basic {TOKEN}"),
+        format!("Bearer {}", TOKEN.to_uppercase()),
+        format!("Bearer {TOKEN}0"),
+        format!("Bearer x {TOKEN}"),
+    ];
+    for authorization in refused {
+        assert_eq!(status(&authorization), 401, "{authorization}");
+    }
 }
 
 #[test]
