@@ -11,8 +11,9 @@
 //!   (store, over-limit cache and `local` counters alike), and answers how many states
 //!   existed.
 //!
-//! A descriptor no rule counts is 404; a malformed body 400; a missing or wrong token 401
-//! (compared in constant time); a backend that cannot answer 503.
+//! Bodies are JSON whatever their `content-type` says, as `POST /json` reads its own
+//! ([`crate::json_body`]). A descriptor no rule counts is 404; a malformed body 400; a
+//! missing or wrong token 401 (compared in constant time); a backend that cannot answer 503.
 //!
 //! The same two calls are a gRPC service on the same listener
 //! (`floodgate.admin.v1.CounterAdmin`, `proto/floodgate/admin/v1/admin.proto`), behind the
@@ -22,7 +23,6 @@ use std::sync::Arc;
 
 use axum::Json;
 use axum::Router;
-use axum::extract::rejection::JsonRejection;
 use axum::extract::{Request, State};
 use axum::http::StatusCode;
 use axum::http::header::AUTHORIZATION;
@@ -35,6 +35,7 @@ use serde_json::json;
 use tonic::server::NamedService;
 
 use crate::backend::redis::Password;
+use crate::json_body::{BadBody, JsonBody};
 use crate::limiter::SECOND_MICROS;
 use crate::proto::floodgate::admin::v1::counter_admin_server::{CounterAdmin, CounterAdminServer};
 use crate::proto::floodgate::admin::v1::{
@@ -203,13 +204,14 @@ fn same(given: &[u8], expected: &[u8]) -> bool {
             == 0
 }
 
-/// A request body as the handlers take it: the JSON, or why it is not one.
-type Body = Result<Json<CounterRequest>, JsonRejection>;
+/// A request body as the handlers take it: the JSON (whatever its content type, as
+/// `POST /json` reads its own), or why it is not one.
+type Body = Result<JsonBody<CounterRequest>, BadBody>;
 
 async fn counters(State(state): State<AdminState>, body: Body) -> Response {
     let request = match body {
-        Ok(Json(request)) => request,
-        Err(rejection) => return bad_body(rejection),
+        Ok(JsonBody(request)) => request,
+        Err(bad) => return bad_body(bad),
     };
     match state
         .limiter
@@ -255,8 +257,8 @@ async fn counters(State(state): State<AdminState>, body: Body) -> Response {
 
 async fn reset(State(state): State<AdminState>, body: Body) -> Response {
     let request = match body {
-        Ok(Json(request)) => request,
-        Err(rejection) => return bad_body(rejection),
+        Ok(JsonBody(request)) => request,
+        Err(bad) => return bad_body(bad),
     };
     let entries = request.entries();
     match state
@@ -285,9 +287,13 @@ fn no_counters(none: NoCounters) -> Response {
     (status, Json(json!({ "error": none.to_string() }))).into_response()
 }
 
-fn bad_body(rejection: JsonRejection) -> Response {
+/// A body that is not JSON is told the shape expected; one not read, axum's answer.
+fn bad_body(bad: BadBody) -> Response {
+    if let BadBody::Unread(_) = bad {
+        return bad.into_response();
+    }
     let message = format!(
-        "expected {{\"domain\": …, \"descriptor\": [{{\"key\": …, \"value\": …}}]}}: {rejection}"
+        "expected {{\"domain\": …, \"descriptor\": [{{\"key\": …, \"value\": …}}]}}: {bad}"
     );
     (StatusCode::BAD_REQUEST, Json(json!({ "error": message }))).into_response()
 }

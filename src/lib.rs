@@ -23,6 +23,7 @@ pub mod clock;
 pub mod compat;
 pub mod counters_cli;
 pub mod http;
+pub mod json_body;
 pub mod limiter;
 pub mod listener;
 pub mod metrics;

@@ -157,6 +157,36 @@ async fn the_auth_scheme_is_any_case_and_the_token_exact() {
     }
 }
 
+/// `curl -d` labels its body `application/x-www-form-urlencoded`; the body is JSON all the
+/// same, and the admin API reads it as `POST /json` reads its own.
+#[tokio::test]
+async fn a_json_body_is_read_whatever_its_content_type() {
+    let server = start(&[]);
+    let bearer = format!("Bearer {TOKEN}");
+    let check =
+        r#"{"domain": "admin", "descriptors": [{"entries": [{"key": "user", "value": "gina"}]}]}"#;
+    for content_type in [
+        "application/x-www-form-urlencoded",
+        "text/plain",
+        "application/json; charset=utf-8",
+    ] {
+        let headers = [("content-type", content_type)];
+        let (status, body) = http_with(server.http_addr, "POST", "/json", &headers, check);
+        assert_eq!(status, 200, "/json as {content_type}: {body}");
+        let headers = [
+            ("authorization", bearer.as_str()),
+            ("content-type", content_type),
+        ];
+        for path in ["/admin/v1/counters", "/admin/v1/counters/reset"] {
+            let (status, body) = admin_with(&server, path, &headers, ALICE);
+            assert_eq!(status, 200, "{path} as {content_type}: {body}");
+        }
+        let (status, body) = admin_with(&server, "/admin/v1/counters", &headers, "user=alice");
+        assert_eq!(status, 400, "{body}");
+        assert!(body.contains("invalid JSON"), "{content_type}: {body}");
+    }
+}
+
 #[test]
 fn the_admin_api_is_off_by_default_and_never_open() {
     let server = Floodgate::start(&[("admin.yaml", RULES)], &[]);
