@@ -9,7 +9,7 @@
 //!   quota left and the seconds until the next unit returns, read without counting.
 //! - `POST /admin/v1/counters/reset`: the same body; forgets those counters, as if never hit
 //!   (store, over-limit cache and `local` counters alike), and answers how many states
-//!   existed.
+//!   existed, each counted once (on Redis, keys).
 //!
 //! Bodies are JSON whatever their `content-type` says, as `POST /json` reads its own
 //! ([`crate::json_body`]). A descriptor no rule counts is 404; a malformed body 400; a

@@ -67,8 +67,8 @@ fn remaining(body: &str) -> Vec<u64> {
 }
 
 /// Three hits exhaust alice's hourly limit; the admin API reads them, resets them, and
-/// alice is allowed again.
-async fn read_and_reset(server: &Floodgate) {
+/// alice is allowed again. How many states the reset said it cleared.
+async fn read_and_reset(server: &Floodgate) -> u64 {
     let ask = || request("admin", vec![descriptor(&[("user", "alice")])]);
     for _ in 0..3 {
         assert_eq!(server.ask(ask()).await.overall_code, OK);
@@ -85,6 +85,7 @@ async fn read_and_reset(server: &Floodgate) {
 
     let (status, body) = admin(server, "/admin/v1/counters/reset", Some(TOKEN), ALICE);
     assert_eq!(status, 200, "{body}");
+    let answer: serde_json::Value = serde_json::from_str(&body).expect("JSON");
     let (_, body) = admin(server, "/admin/v1/counters", Some(TOKEN), ALICE);
     assert_eq!(remaining(&body), [3, 10], "{body}");
     assert_eq!(
@@ -92,11 +93,13 @@ async fn read_and_reset(server: &Floodgate) {
         OK,
         "alice starts over"
     );
+    answer["reset"].as_u64().expect("reset")
 }
 
 #[tokio::test]
 async fn on_memory_counters_are_read_without_counting_and_reset() {
-    read_and_reset(&start(&[])).await;
+    let cleared = read_and_reset(&start(&[])).await;
+    assert_eq!(cleared, 2, "the hourly and the daily counter");
 }
 
 #[tokio::test]
@@ -104,7 +107,8 @@ async fn on_redis_a_reset_reaches_redis_and_the_over_limit_cache() {
     let redis = RedisServer::start();
     let url = redis.url();
     let server = start(&["--backend", "redis", "--redis-url", &url]);
-    read_and_reset(&server).await;
+    let cleared = read_and_reset(&server).await;
+    assert_eq!(cleared, 3, "keys: the hourly window's and the log's two");
     // alice's one new hit: the hourly window's key and the log's two keys.
     assert_eq!(redis.command(&["DBSIZE"]), "3");
 }
@@ -185,6 +189,22 @@ async fn a_json_body_is_read_whatever_its_content_type() {
         assert_eq!(status, 400, "{body}");
         assert!(body.contains("invalid JSON"), "{content_type}: {body}");
     }
+}
+
+#[tokio::test]
+async fn a_reset_on_memory_answers_how_many_counters_it_cleared() {
+    let server = start(&[]);
+    let ask = request("admin", vec![descriptor(&[("user", "hana")])]);
+    assert_eq!(server.ask(ask).await.overall_code, OK);
+    let hana = ALICE.replace("alice", "hana");
+    let reset = || {
+        let (status, body) = admin(&server, "/admin/v1/counters/reset", Some(TOKEN), &hana);
+        assert_eq!(status, 200, "{body}");
+        let answer: serde_json::Value = serde_json::from_str(&body).expect("JSON");
+        answer["reset"].as_u64().expect("reset")
+    };
+    assert_eq!(reset(), 2, "the hourly and the daily counter");
+    assert_eq!(reset(), 0, "nothing left to clear");
 }
 
 #[test]
