@@ -6,7 +6,8 @@
 //!
 //! - `POST /admin/v1/counters`: `{"domain": "api", "descriptor": [{"key": "user", "value":
 //!   "alice"}]}` answers the rule the descriptor resolves to and each of its limits: the
-//!   quota left and the seconds until the next unit returns, read without counting.
+//!   quota left, the seconds until the next unit returns, and whether the limit would refuse
+//!   the next hit now (`over_limit`), read without counting.
 //! - `POST /admin/v1/counters/reset`: the same body; forgets those counters, as if never hit
 //!   (store, over-limit cache and `local` counters alike), and answers how many states
 //!   existed, each counted once (on Redis, keys).
@@ -84,7 +85,9 @@ fn limit_counter(counter: &CounterState) -> LimitCounter {
         requests_per_unit: limit.requests_per_unit,
         remaining: decision.map_or(0, |d| d.remaining),
         reset_seconds: decision.map_or(0, |d| d.reset_micros.div_ceil(SECOND_MICROS)),
-        over_limit: decision.is_some_and(|d| !d.allowed),
+        // What an operator asks: would the next hit be refused now? A check costs nothing,
+        // so it is allowed at exactly 0 left; a spent limit is over all the same.
+        over_limit: decision.is_some_and(|d| !d.allowed || d.remaining == 0),
     }
 }
 

@@ -207,6 +207,36 @@ async fn a_reset_on_memory_answers_how_many_counters_it_cleared() {
     assert_eq!(reset(), 0, "nothing left to clear");
 }
 
+/// Each limit's `over_limit` in an answer of `POST /admin/v1/counters`.
+fn over_limit(body: &str) -> Vec<bool> {
+    let answer: serde_json::Value = serde_json::from_str(body).expect("JSON");
+    (answer["limits"].as_array().expect("limits").iter())
+        .map(|limit| limit["over_limit"].as_bool().expect("over_limit"))
+        .collect()
+}
+
+#[tokio::test]
+async fn over_limit_means_the_next_request_would_be_refused() {
+    let server = start(&[]);
+    let ask = || request("admin", vec![descriptor(&[("user", "ivan")])]);
+    let ivan = ALICE.replace("alice", "ivan");
+    let read = || admin(&server, "/admin/v1/counters", Some(TOKEN), &ivan).1;
+    for _ in 0..2 {
+        assert_eq!(server.ask(ask()).await.overall_code, OK);
+    }
+    assert_eq!(over_limit(&read()), [false, false], "one hit left");
+    assert_eq!(server.ask(ask()).await.overall_code, OK);
+    let body = read();
+    assert_eq!(remaining(&body), [0, 7], "{body}");
+    assert_eq!(
+        over_limit(&body),
+        [true, false],
+        "the hourly limit is spent"
+    );
+    assert_eq!(server.ask(ask()).await.overall_code, OVER_LIMIT);
+    assert_eq!(over_limit(&read()), [true, false]);
+}
+
 #[test]
 fn the_admin_api_is_off_by_default_and_never_open() {
     let server = Floodgate::start(&[("admin.yaml", RULES)], &[]);
