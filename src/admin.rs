@@ -13,7 +13,8 @@
 //!   existed, each counted once (on Redis, keys).
 //!
 //! Bodies are JSON whatever their `content-type` says, as `POST /json` reads its own
-//! ([`crate::json_body`]). A descriptor no rule counts is 404; a malformed body 400; a
+//! ([`crate::json_body`]); a request from a browser (with an `Origin` header) is 403, so
+//! that a web page cannot send one as a simple cross-site request. A descriptor no rule counts is 404; a malformed body 400; a
 //! missing or wrong token 401 (compared in constant time); a backend that cannot answer 503.
 //!
 //! The same two calls are a gRPC service on the same listener
@@ -26,7 +27,7 @@ use axum::Json;
 use axum::Router;
 use axum::extract::{Request, State};
 use axum::http::StatusCode;
-use axum::http::header::AUTHORIZATION;
+use axum::http::header::{AUTHORIZATION, ORIGIN};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
@@ -67,10 +68,11 @@ pub fn router(limiter: Arc<RateLimiter>, token: Option<Password>) -> Router {
             grpc,
         )
         .with_state(state);
-    match token {
+    let router = match token {
         Some(token) => router.layer(middleware::from_fn_with_state(Arc::new(token), authorize)),
         None => router,
-    }
+    };
+    router.layer(middleware::from_fn(refuse_browsers))
 }
 
 /// One limit's counter as both forms of the API show it.
@@ -186,6 +188,21 @@ fn bearer_token(credentials: &str) -> Option<&str> {
         .eq_ignore_ascii_case("bearer")
         .then(|| token.trim_start_matches(' '))
 }
+
+/// Refuses what a browser sends: a request with an `Origin` header, which browsers add to
+/// every POST and no admin client sends (curl, `floodgate counters`, gRPC). Bodies are read
+/// whatever their content type, so a web page could POST a reset as `text/plain` with no
+/// CORS preflight, and a browser holding an operator's client certificate would present it:
+/// with mutual TLS alone, any page the operator opened could reset counters.
+async fn refuse_browsers(request: Request, next: Next) -> Response {
+    if request.headers().contains_key(ORIGIN) {
+        return (StatusCode::FORBIDDEN, FROM_A_BROWSER).into_response();
+    }
+    next.run(request).await
+}
+
+/// What a request from a browser is told.
+const FROM_A_BROWSER: &str = "admin API: requests with an `Origin` header (browsers) are refused\n";
 
 /// What a request without the right token is told.
 const REFUSED: &str = "admin API: `Authorization: Bearer <admin_token>` required\n";

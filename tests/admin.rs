@@ -191,6 +191,26 @@ async fn a_json_body_is_read_whatever_its_content_type() {
     }
 }
 
+/// A web page may POST a `text/plain` body cross-site without a CORS preflight, and the
+/// browser presents its client certificate; the browser's `Origin` header gives it away.
+#[tokio::test]
+async fn a_request_from_a_browser_is_refused() {
+    let server = start(&[]);
+    let bearer = format!("Bearer {TOKEN}");
+    for origin in ["https://attacker.example", "null"] {
+        let headers = [
+            ("authorization", bearer.as_str()),
+            ("content-type", "text/plain"),
+            ("origin", origin),
+        ];
+        for path in ["/admin/v1/counters", "/admin/v1/counters/reset"] {
+            let (status, body) = admin_with(&server, path, &headers, ALICE);
+            assert_eq!(status, 403, "{path} from {origin}: {body}");
+            assert!(body.contains("Origin"), "{body}");
+        }
+    }
+}
+
 #[tokio::test]
 async fn a_reset_on_memory_answers_how_many_counters_it_cleared() {
     let server = start(&[]);
