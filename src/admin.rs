@@ -1,17 +1,21 @@
 //! The admin API: read and reset counters, on a listener of its own (`admin_addr`, off by
-//! default), never open: every request carries `Authorization: Bearer <admin_token>`, or
-//! comes over mutual TLS (`admin_tls.client_ca_file`: a client without a certificate the CA
-//! signed is refused in the handshake), or both where both are set.
+//! default), never open: every request carries `Authorization: Bearer <admin_token>` (the
+//! scheme in any case, RFC 7235 §2.1), or comes over mutual TLS (`admin_tls.client_ca_file`:
+//! a client without a certificate the CA signed is refused in the handshake), or both where
+//! both are set.
 //!
 //! - `POST /admin/v1/counters`: `{"domain": "api", "descriptor": [{"key": "user", "value":
 //!   "alice"}]}` answers the rule the descriptor resolves to and each of its limits: the
-//!   quota left and the seconds until the next unit returns, read without counting.
+//!   quota left, the seconds until the next unit returns, and whether the limit would refuse
+//!   the next hit now (`over_limit`), read without counting.
 //! - `POST /admin/v1/counters/reset`: the same body; forgets those counters, as if never hit
 //!   (store, over-limit cache and `local` counters alike), and answers how many states
-//!   existed.
+//!   existed, each counted once (on Redis, keys).
 //!
-//! A descriptor no rule counts is 404; a malformed body 400; a missing or wrong token 401
-//! (compared in constant time); a backend that cannot answer 503.
+//! Bodies are JSON whatever their `content-type` says, as `POST /json` reads its own
+//! ([`crate::json_body`]); a request from a browser (with an `Origin` header) is 403, so
+//! that a web page cannot send one as a simple cross-site request. A descriptor no rule counts is 404; a malformed body 400; a
+//! missing or wrong token 401 (compared in constant time); a backend that cannot answer 503.
 //!
 //! The same two calls are a gRPC service on the same listener
 //! (`floodgate.admin.v1.CounterAdmin`, `proto/floodgate/admin/v1/admin.proto`), behind the
@@ -21,10 +25,9 @@ use std::sync::Arc;
 
 use axum::Json;
 use axum::Router;
-use axum::extract::rejection::JsonRejection;
 use axum::extract::{Request, State};
 use axum::http::StatusCode;
-use axum::http::header::AUTHORIZATION;
+use axum::http::header::{AUTHORIZATION, ORIGIN};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
@@ -34,6 +37,7 @@ use serde_json::json;
 use tonic::server::NamedService;
 
 use crate::backend::redis::Password;
+use crate::json_body::{BadBody, JsonBody};
 use crate::limiter::SECOND_MICROS;
 use crate::proto::floodgate::admin::v1::counter_admin_server::{CounterAdmin, CounterAdminServer};
 use crate::proto::floodgate::admin::v1::{
@@ -64,10 +68,11 @@ pub fn router(limiter: Arc<RateLimiter>, token: Option<Password>) -> Router {
             grpc,
         )
         .with_state(state);
-    match token {
+    let router = match token {
         Some(token) => router.layer(middleware::from_fn_with_state(Arc::new(token), authorize)),
         None => router,
-    }
+    };
+    router.layer(middleware::from_fn(refuse_browsers))
 }
 
 /// One limit's counter as both forms of the API show it.
@@ -82,7 +87,9 @@ fn limit_counter(counter: &CounterState) -> LimitCounter {
         requests_per_unit: limit.requests_per_unit,
         remaining: decision.map_or(0, |d| d.remaining),
         reset_seconds: decision.map_or(0, |d| d.reset_micros.div_ceil(SECOND_MICROS)),
-        over_limit: decision.is_some_and(|d| !d.allowed),
+        // What an operator asks: would the next hit be refused now? A check costs nothing,
+        // so it is allowed at exactly 0 left; a spent limit is over all the same.
+        over_limit: decision.is_some_and(|d| !d.allowed || d.remaining == 0),
     }
 }
 
@@ -162,7 +169,7 @@ impl CounterRequest {
 async fn authorize(State(token): State<Arc<Password>>, request: Request, next: Next) -> Response {
     let given = (request.headers().get(AUTHORIZATION))
         .and_then(|value| value.to_str().ok())
-        .and_then(|value| value.strip_prefix("Bearer "));
+        .and_then(bearer_token);
     match given {
         Some(given) if same(given.as_bytes(), token.expose().as_bytes()) => next.run(request).await,
         _ if is_grpc(&request) => {
@@ -172,6 +179,30 @@ async fn authorize(State(token): State<Arc<Password>>, request: Request, next: N
         _ => (StatusCode::UNAUTHORIZED, REFUSED).into_response(),
     }
 }
+
+/// The token of `Bearer <token>` credentials. The scheme's case is free and spaces may
+/// separate it from the token (RFC 7235 §2.1); the token is taken as written.
+fn bearer_token(credentials: &str) -> Option<&str> {
+    let (scheme, token) = credentials.split_once(' ')?;
+    scheme
+        .eq_ignore_ascii_case("bearer")
+        .then(|| token.trim_start_matches(' '))
+}
+
+/// Refuses what a browser sends: a request with an `Origin` header, which browsers add to
+/// every POST and no admin client sends (curl, `floodgate counters`, gRPC). Bodies are read
+/// whatever their content type, so a web page could POST a reset as `text/plain` with no
+/// CORS preflight, and a browser holding an operator's client certificate would present it:
+/// with mutual TLS alone, any page the operator opened could reset counters.
+async fn refuse_browsers(request: Request, next: Next) -> Response {
+    if request.headers().contains_key(ORIGIN) {
+        return (StatusCode::FORBIDDEN, FROM_A_BROWSER).into_response();
+    }
+    next.run(request).await
+}
+
+/// What a request from a browser is told.
+const FROM_A_BROWSER: &str = "admin API: requests with an `Origin` header (browsers) are refused\n";
 
 /// What a request without the right token is told.
 const REFUSED: &str = "admin API: `Authorization: Bearer <admin_token>` required\n";
@@ -193,13 +224,14 @@ fn same(given: &[u8], expected: &[u8]) -> bool {
             == 0
 }
 
-/// A request body as the handlers take it: the JSON, or why it is not one.
-type Body = Result<Json<CounterRequest>, JsonRejection>;
+/// A request body as the handlers take it: the JSON (whatever its content type, as
+/// `POST /json` reads its own), or why it is not one.
+type Body = Result<JsonBody<CounterRequest>, BadBody>;
 
 async fn counters(State(state): State<AdminState>, body: Body) -> Response {
     let request = match body {
-        Ok(Json(request)) => request,
-        Err(rejection) => return bad_body(rejection),
+        Ok(JsonBody(request)) => request,
+        Err(bad) => return bad_body(bad),
     };
     match state
         .limiter
@@ -245,8 +277,8 @@ async fn counters(State(state): State<AdminState>, body: Body) -> Response {
 
 async fn reset(State(state): State<AdminState>, body: Body) -> Response {
     let request = match body {
-        Ok(Json(request)) => request,
-        Err(rejection) => return bad_body(rejection),
+        Ok(JsonBody(request)) => request,
+        Err(bad) => return bad_body(bad),
     };
     let entries = request.entries();
     match state
@@ -275,16 +307,30 @@ fn no_counters(none: NoCounters) -> Response {
     (status, Json(json!({ "error": none.to_string() }))).into_response()
 }
 
-fn bad_body(rejection: JsonRejection) -> Response {
+/// A body that is not JSON is told the shape expected; one not read, axum's answer.
+fn bad_body(bad: BadBody) -> Response {
+    if let BadBody::Unread(_) = bad {
+        return bad.into_response();
+    }
     let message = format!(
-        "expected {{\"domain\": …, \"descriptor\": [{{\"key\": …, \"value\": …}}]}}: {rejection}"
+        "expected {{\"domain\": …, \"descriptor\": [{{\"key\": …, \"value\": …}}]}}: {bad}"
     );
     (StatusCode::BAD_REQUEST, Json(json!({ "error": message }))).into_response()
 }
 
 #[cfg(test)]
 mod tests {
-    use super::same;
+    use super::{bearer_token, same};
+
+    #[test]
+    fn the_bearer_scheme_is_any_case_and_the_token_as_written() {
+        assert_eq!(bearer_token("Bearer s3cret"), Some("s3cret"));
+        assert_eq!(bearer_token("bEARER   s3cret"), Some("s3cret"));
+        assert_eq!(bearer_token("Bearer S3cret x"), Some("S3cret x"));
+        assert_eq!(bearer_token("Bearers3cret"), None);
+        assert_eq!(bearer_token("Basic s3cret"), None);
+        assert_eq!(bearer_token("s3cret"), None);
+    }
 
     #[test]
     fn tokens_compare_equal_only_when_equal() {

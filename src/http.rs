@@ -6,8 +6,9 @@
 //!   `readiness_follows_backend`, while the backend fails); the body says the backend's state.
 //! - `GET /healthcheck`: `/readyz` under envoyproxy/ratelimit's name (Envoy Gateway's and
 //!   Istio's probes ask it).
-//! - `POST /json`: a protobuf-JSON `RateLimitRequest`; 200 OK, 429 over limit, 400 bad
-//!   request (with the reason), 503 backend unavailable; the body is the JSON response.
+//! - `POST /json`: a protobuf-JSON `RateLimitRequest`, whatever the `content-type` says
+//!   ([`crate::json_body`]); 200 OK, 429 over limit, 400 bad request (with the reason), 503
+//!   backend unavailable; the body is the JSON response.
 //! - `GET /rlconfig`: the rules in force, one line per rule, stable order.
 //! - `GET /metrics`: Prometheus metrics, text format 0.0.4.
 
@@ -16,13 +17,13 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
 
 use axum::Router;
-use axum::body::Bytes;
 use axum::extract::State;
 use axum::http::StatusCode;
 use axum::http::header::CONTENT_TYPE;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 
+use crate::json_body::{BadBody, JsonBody};
 use crate::metrics::{self, Endpoint};
 use crate::proto::envoy::service::ratelimit::v3::RateLimitRequest;
 use crate::proto::envoy::service::ratelimit::v3::rate_limit_response::Code;
@@ -86,16 +87,20 @@ async fn metrics_page(State(state): State<HttpState>) -> Response {
     ([(CONTENT_TYPE, metrics::CONTENT_TYPE)], page).into_response()
 }
 
-async fn json(State(state): State<HttpState>, body: Bytes) -> Response {
+async fn json(
+    State(state): State<HttpState>,
+    body: Result<JsonBody<RateLimitRequest>, BadBody>,
+) -> Response {
     let started = Instant::now();
     let requests = state.limiter.metrics().requests(Endpoint::HttpJson);
-    let request: RateLimitRequest = match serde_json::from_slice(&body) {
-        Ok(request) => request,
-        Err(error) => {
+    let request = match body {
+        Ok(JsonBody(request)) => request,
+        Err(BadBody::Invalid { error, body }) => {
             requests.record(metrics::Code::InvalidArgument, started.elapsed());
             let message = explain_bad_number(&body).unwrap_or_else(|| error.to_string());
             return error_response(StatusCode::BAD_REQUEST, &format!("invalid JSON: {message}"));
         }
+        Err(unread) => return unread.into_response(),
     };
     let result = state.limiter.should_rate_limit(&request).await;
     requests.record(grpc::code(&result), started.elapsed());

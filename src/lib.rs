@@ -24,6 +24,7 @@ pub mod compat;
 pub mod counters_cli;
 pub mod grpc_conn;
 pub mod http;
+pub mod json_body;
 pub mod limiter;
 pub mod listener;
 pub mod metrics;

@@ -39,13 +39,23 @@ const ALICE: &str = r#"{"domain": "admin", "descriptor": [{"key": "user", "value
 
 /// An admin request with `token`; status and body.
 fn admin(server: &Floodgate, path: &str, token: Option<&str>, body: &str) -> (u16, String) {
-    let addr = server.admin_addr.expect("the admin API is on");
     let bearer = token.map(|token| format!("Bearer {token}"));
     let headers: Vec<(&str, &str)> = bearer
         .iter()
         .map(|value| ("authorization", value.as_str()))
         .collect();
-    http_with(addr, "POST", path, &headers, body)
+    admin_with(server, path, &headers, body)
+}
+
+/// An admin request with `headers` as given; status and body.
+fn admin_with(
+    server: &Floodgate,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: &str,
+) -> (u16, String) {
+    let addr = server.admin_addr.expect("the admin API is on");
+    http_with(addr, "POST", path, headers, body)
 }
 
 /// Each limit's `remaining` in an answer of `POST /admin/v1/counters`.
@@ -57,8 +67,8 @@ fn remaining(body: &str) -> Vec<u64> {
 }
 
 /// Three hits exhaust alice's hourly limit; the admin API reads them, resets them, and
-/// alice is allowed again.
-async fn read_and_reset(server: &Floodgate) {
+/// alice is allowed again. How many states the reset said it cleared.
+async fn read_and_reset(server: &Floodgate) -> u64 {
     let ask = || request("admin", vec![descriptor(&[("user", "alice")])]);
     for _ in 0..3 {
         assert_eq!(server.ask(ask()).await.overall_code, OK);
@@ -75,6 +85,7 @@ async fn read_and_reset(server: &Floodgate) {
 
     let (status, body) = admin(server, "/admin/v1/counters/reset", Some(TOKEN), ALICE);
     assert_eq!(status, 200, "{body}");
+    let answer: serde_json::Value = serde_json::from_str(&body).expect("JSON");
     let (_, body) = admin(server, "/admin/v1/counters", Some(TOKEN), ALICE);
     assert_eq!(remaining(&body), [3, 10], "{body}");
     assert_eq!(
@@ -82,11 +93,13 @@ async fn read_and_reset(server: &Floodgate) {
         OK,
         "alice starts over"
     );
+    answer["reset"].as_u64().expect("reset")
 }
 
 #[tokio::test]
 async fn on_memory_counters_are_read_without_counting_and_reset() {
-    read_and_reset(&start(&[])).await;
+    let cleared = read_and_reset(&start(&[])).await;
+    assert_eq!(cleared, 2, "the hourly and the daily counter");
 }
 
 #[tokio::test]
@@ -94,7 +107,8 @@ async fn on_redis_a_reset_reaches_redis_and_the_over_limit_cache() {
     let redis = RedisServer::start();
     let url = redis.url();
     let server = start(&["--backend", "redis", "--redis-url", &url]);
-    read_and_reset(&server).await;
+    let cleared = read_and_reset(&server).await;
+    assert_eq!(cleared, 3, "keys: the hourly window's and the log's two");
     // alice's one new hit: the hourly window's key and the log's two keys.
     assert_eq!(redis.command(&["DBSIZE"]), "3");
 }
@@ -117,6 +131,130 @@ async fn every_admin_request_needs_the_token() {
         admin(&server, "/admin/v1/counters", Some(TOKEN), "{}").0,
         400
     );
+}
+
+#[tokio::test]
+async fn the_auth_scheme_is_any_case_and_the_token_exact() {
+    let server = start(&[]);
+    let status = |authorization: &str| {
+        let headers = [("authorization", authorization)];
+        admin_with(&server, "/admin/v1/counters", &headers, ALICE).0
+    };
+    for scheme in ["Bearer", "bearer", "BEARER", "bEaReR"] {
+        assert_eq!(status(&format!("{scheme} {TOKEN}")), 200, "{scheme}");
+    }
+    assert_eq!(
+        status(&format!("bearer   {TOKEN}")),
+        200,
+        "spaces before the token"
+    );
+    let refused = [
+        TOKEN.to_owned(),
+        format!("Bearer{TOKEN}"),
+        format!("Basic {TOKEN}"),
+        format!("Bearer {}", TOKEN.to_uppercase()),
+        format!("Bearer {TOKEN}0"),
+        format!("Bearer x {TOKEN}"),
+    ];
+    for authorization in refused {
+        assert_eq!(status(&authorization), 401, "{authorization}");
+    }
+}
+
+/// `curl -d` labels its body `application/x-www-form-urlencoded`; the body is JSON all the
+/// same, and the admin API reads it as `POST /json` reads its own.
+#[tokio::test]
+async fn a_json_body_is_read_whatever_its_content_type() {
+    let server = start(&[]);
+    let bearer = format!("Bearer {TOKEN}");
+    let check =
+        r#"{"domain": "admin", "descriptors": [{"entries": [{"key": "user", "value": "gina"}]}]}"#;
+    for content_type in [
+        "application/x-www-form-urlencoded",
+        "text/plain",
+        "application/json; charset=utf-8",
+    ] {
+        let headers = [("content-type", content_type)];
+        let (status, body) = http_with(server.http_addr, "POST", "/json", &headers, check);
+        assert_eq!(status, 200, "/json as {content_type}: {body}");
+        let headers = [
+            ("authorization", bearer.as_str()),
+            ("content-type", content_type),
+        ];
+        for path in ["/admin/v1/counters", "/admin/v1/counters/reset"] {
+            let (status, body) = admin_with(&server, path, &headers, ALICE);
+            assert_eq!(status, 200, "{path} as {content_type}: {body}");
+        }
+        let (status, body) = admin_with(&server, "/admin/v1/counters", &headers, "user=alice");
+        assert_eq!(status, 400, "{body}");
+        assert!(body.contains("invalid JSON"), "{content_type}: {body}");
+    }
+}
+
+/// A web page may POST a `text/plain` body cross-site without a CORS preflight, and the
+/// browser presents its client certificate; the browser's `Origin` header gives it away.
+#[tokio::test]
+async fn a_request_from_a_browser_is_refused() {
+    let server = start(&[]);
+    let bearer = format!("Bearer {TOKEN}");
+    for origin in ["https://attacker.example", "null"] {
+        let headers = [
+            ("authorization", bearer.as_str()),
+            ("content-type", "text/plain"),
+            ("origin", origin),
+        ];
+        for path in ["/admin/v1/counters", "/admin/v1/counters/reset"] {
+            let (status, body) = admin_with(&server, path, &headers, ALICE);
+            assert_eq!(status, 403, "{path} from {origin}: {body}");
+            assert!(body.contains("Origin"), "{body}");
+        }
+    }
+}
+
+#[tokio::test]
+async fn a_reset_on_memory_answers_how_many_counters_it_cleared() {
+    let server = start(&[]);
+    let ask = request("admin", vec![descriptor(&[("user", "hana")])]);
+    assert_eq!(server.ask(ask).await.overall_code, OK);
+    let hana = ALICE.replace("alice", "hana");
+    let reset = || {
+        let (status, body) = admin(&server, "/admin/v1/counters/reset", Some(TOKEN), &hana);
+        assert_eq!(status, 200, "{body}");
+        let answer: serde_json::Value = serde_json::from_str(&body).expect("JSON");
+        answer["reset"].as_u64().expect("reset")
+    };
+    assert_eq!(reset(), 2, "the hourly and the daily counter");
+    assert_eq!(reset(), 0, "nothing left to clear");
+}
+
+/// Each limit's `over_limit` in an answer of `POST /admin/v1/counters`.
+fn over_limit(body: &str) -> Vec<bool> {
+    let answer: serde_json::Value = serde_json::from_str(body).expect("JSON");
+    (answer["limits"].as_array().expect("limits").iter())
+        .map(|limit| limit["over_limit"].as_bool().expect("over_limit"))
+        .collect()
+}
+
+#[tokio::test]
+async fn over_limit_means_the_next_request_would_be_refused() {
+    let server = start(&[]);
+    let ask = || request("admin", vec![descriptor(&[("user", "ivan")])]);
+    let ivan = ALICE.replace("alice", "ivan");
+    let read = || admin(&server, "/admin/v1/counters", Some(TOKEN), &ivan).1;
+    for _ in 0..2 {
+        assert_eq!(server.ask(ask()).await.overall_code, OK);
+    }
+    assert_eq!(over_limit(&read()), [false, false], "one hit left");
+    assert_eq!(server.ask(ask()).await.overall_code, OK);
+    let body = read();
+    assert_eq!(remaining(&body), [0, 7], "{body}");
+    assert_eq!(
+        over_limit(&body),
+        [true, false],
+        "the hourly limit is spent"
+    );
+    assert_eq!(server.ask(ask()).await.overall_code, OVER_LIMIT);
+    assert_eq!(over_limit(&read()), [true, false]);
 }
 
 #[test]

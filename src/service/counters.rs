@@ -60,7 +60,8 @@ impl RateLimiter {
     }
 
     /// Forgets the counters of `domain`'s rule for the descriptor `entries`, as if never
-    /// hit; the rule's id and how many states existed in the store.
+    /// hit; the rule's id and how many states existed: in the store (on Redis, keys) and
+    /// among the `local` policy's counters, each counted once.
     pub async fn reset_counters(
         &self,
         domain: &str,
@@ -70,10 +71,13 @@ impl RateLimiter {
         let counters: Vec<(CounterKey, Limit)> = (resolved.counters.into_iter())
             .map(|(_, key, limit)| (key, limit))
             .collect();
-        for (key, _) in &counters {
-            self.local.remove(key);
-        }
-        Ok((resolved.rule, self.backend.reset(&counters).await))
+        let stored = self.backend.reset(&counters).await;
+        // With the memory backend `local` is the store itself: the reset above cleared and
+        // counted its counters, and these removals find none of them again.
+        let local = (counters.iter())
+            .filter(|(key, _)| self.local.remove(key))
+            .count() as u64;
+        Ok((resolved.rule, stored.map(|stored| stored + local)))
     }
 
     /// The rule `entries` resolve to in `domain`, and its counters' keys.

@@ -313,7 +313,8 @@ pub fn http(addr: SocketAddr, method: &str, path: &str, body: &str) -> (u16, Str
     http_with(addr, method, path, &[], body)
 }
 
-/// [`http`] with extra request headers.
+/// [`http`] with extra request headers; `content-type: application/json` unless they name
+/// another.
 pub fn http_with(
     addr: SocketAddr,
     method: &str,
@@ -323,12 +324,18 @@ pub fn http_with(
 ) -> (u16, String) {
     let mut stream = TcpStream::connect(addr).expect("connecting over HTTP");
     stream.set_read_timeout(Some(Duration::from_secs(10))).ok();
+    let content_type =
+        if (headers.iter()).any(|(name, _)| name.eq_ignore_ascii_case("content-type")) {
+            ""
+        } else {
+            "content-type: application/json\r\n"
+        };
     let extra: String = (headers.iter())
         .map(|(name, value)| format!("{name}: {value}\r\n"))
         .collect();
     write!(
         stream,
-        "{method} {path} HTTP/1.1\r\nhost: {addr}\r\ncontent-type: application/json\r\n{extra}content-length: {}\r\nconnection: close\r\n\r\n{body}",
+        "{method} {path} HTTP/1.1\r\nhost: {addr}\r\n{content_type}{extra}content-length: {}\r\nconnection: close\r\n\r\n{body}",
         body.len()
     )
     .expect("writing the HTTP request");
