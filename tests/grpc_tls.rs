@@ -300,3 +300,67 @@ async fn a_certificate_linked_to_an_endless_file_is_refused_and_the_one_in_force
         .expect("a TLS connection on the certificate in force");
     decides(&mut client, "alice").await;
 }
+
+#[tokio::test]
+async fn a_rotation_to_a_certificate_outside_its_validity_keeps_the_one_in_force() {
+    let certificates = Certificates::generate();
+    let server = start_tls(
+        &certificates,
+        &[("FLOODGATE_GRPC_TLS__RELOAD_INTERVAL_MS", "100")],
+    );
+    let cases = [
+        (2, "20200101000000Z", "20200102000000Z", "expired"),
+        (3, "20990101000000Z", "21000101000000Z", "not valid before"),
+    ];
+    for (serial, not_before, not_after, why) in cases {
+        rotate_to(
+            &certificates,
+            &certificates.reissue_server_dated(serial, not_before, not_after),
+        );
+        let log = server.wait_for_log(why);
+        let line = log
+            .lines()
+            .find(|line| line.contains(why))
+            .unwrap_or_default();
+        let (from, to) = (&not_before[..8], &not_after[..8]);
+        let dates = |date: &str| format!("{}-{}-{}", &date[..4], &date[4..6], &date[6..]);
+        assert!(
+            line.contains(&text(&certificates.server().cert))
+                && line.contains(&dates(from))
+                && line.contains(&dates(to)),
+            "{line}"
+        );
+        let subject = served_subject(server.grpc_addr, &certificates);
+        assert!(subject.ends_with("127.0.0.1"), "{subject}");
+    }
+    let mut client = tls_client(&server, &certificates, None)
+        .await
+        .expect("a TLS connection on the certificate in force");
+    decides(&mut client, "alice").await;
+}
+
+#[test]
+fn an_expired_certificate_stops_the_start_naming_the_file_and_its_dates() {
+    let certificates = Certificates::generate();
+    let expired = certificates.reissue_server_dated(2, "20200101000000Z", "20200102000000Z");
+    let (cert, key) = (text(&expired.cert), text(&expired.key));
+    let rules = harness::write_rules(&[("tls.yaml", RULES)]);
+    // A server that starts anyway is stopped by `timeout`, and fails the checks below.
+    let output = harness::wrapped(&["timeout", "20"])
+        .args(harness::SERVE_ANYWHERE)
+        .arg("--rules")
+        .arg(rules.path())
+        .env("FLOODGATE_GRPC_TLS__CERT_FILE", &cert)
+        .env("FLOODGATE_GRPC_TLS__KEY_FILE", &key)
+        .output()
+        .expect("floodgate runs");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains(&cert)
+            && stderr.contains("expired")
+            && stderr.contains("2020-01-01")
+            && stderr.contains("2020-01-02"),
+        "{stderr}"
+    );
+}

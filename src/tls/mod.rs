@@ -6,15 +6,22 @@
 //! FIFO or a device in a file's place is refused, links followed), at most
 //! [`PEM_MAX_BYTES`] each.
 //!
+//! **Only a certificate within its validity period is served** (`validity.rs`): every
+//! client that verifies the server would refuse one that expired or is not valid yet. At
+//! start-up such a certificate stops the start, with an error naming the file and both
+//! dates.
+//!
 //! **Rotation.** The files are read again every `reload_interval_ms`, on tokio's blocking
 //! pool; a change that loads becomes the configuration of every new connection
 //! (cert-manager and Envoy Gateway renew certificates in place), one that does not (a file
-//! that does not read, a key that does not match) is
+//! that does not read, a key that does not match, a certificate outside its validity) is
 //! logged naming the file and why, and the configuration in force stays. Open connections
 //! keep the certificate they were made with.
 //!
 //! **Handshakes do not hold up accepting.** Each runs on its own beside the others, bounded
 //! by the handshake timeout, and only finished ones reach the server.
+
+mod validity;
 
 use std::io;
 use std::pin::Pin;
@@ -35,6 +42,7 @@ use crate::files::{self, FileError, PEM_MAX_BYTES};
 use crate::listener::Acceptor;
 use crate::settings::ListenerTls;
 use crate::socket::Connection;
+use validity::Validity;
 
 /// A TLS setting that cannot be served, named by its settings section.
 #[derive(Debug, thiserror::Error)]
@@ -202,9 +210,18 @@ impl Files {
         let chain: Vec<CertificateDer<'static>> = CertificateDer::pem_slice_iter(&self.cert)
             .collect::<Result<_, _>>()
             .map_err(|e| invalid(&settings.cert_file, e.to_string()))?;
-        if chain.is_empty() {
+        let Some(leaf) = chain.first() else {
             return Err(invalid(&settings.cert_file, "no certificate in it".into()));
-        }
+        };
+        let validity = Validity::of(leaf).map_err(|why| {
+            invalid(
+                &settings.cert_file,
+                format!("the certificate's validity period does not read: {why}"),
+            )
+        })?;
+        validity
+            .check(jiff::Timestamp::now())
+            .map_err(|why| invalid(&settings.cert_file, why))?;
         let key = PrivateKeyDer::from_pem_slice(&self.key)
             .map_err(|e| invalid(&settings.key_file, e.to_string()))?;
         let builder = ServerConfig::builder();
