@@ -22,6 +22,7 @@ pub mod bench;
 pub mod clock;
 pub mod compat;
 pub mod counters_cli;
+pub mod files;
 pub mod grpc_conn;
 pub mod http;
 pub mod json_body;

@@ -481,9 +481,8 @@ fn admin_endpoint(settings: &Settings) -> anyhow::Result<Option<AdminEndpoint>> 
 
 fn redis_tls(settings: &Settings) -> anyhow::Result<Option<RedisTls>> {
     let read = |path: &Option<PathBuf>| -> anyhow::Result<Option<Vec<u8>>> {
-        (path.as_ref())
-            .map(|path| std::fs::read(path).with_context(|| format!("reading {}", path.display())))
-            .transpose()
+        let read = |path| floodgate::files::read(path, floodgate::files::PEM_MAX_BYTES);
+        Ok((path.as_deref()).map(read).transpose()?)
     };
     let ca = read(&settings.redis_tls_ca_file)?;
     let client = match (

@@ -25,6 +25,15 @@ fn ask(user: &str) -> RateLimitRequest {
 /// A floodgate serving gRPC over TLS with the server certificate of `certificates`, and
 /// the extra settings of `env`.
 fn start_tls(certificates: &Certificates, env: &[(&str, &str)]) -> Floodgate {
+    start_tls_wrapped(&[], certificates, env)
+}
+
+/// [`start_tls`], the binary run through `prefix` (see [`Floodgate::start_wrapped`]).
+fn start_tls_wrapped(
+    prefix: &[&str],
+    certificates: &Certificates,
+    env: &[(&str, &str)],
+) -> Floodgate {
     let server = certificates.server();
     let (cert, key) = (text(&server.cert), text(&server.key));
     let mut all = vec![
@@ -32,7 +41,7 @@ fn start_tls(certificates: &Certificates, env: &[(&str, &str)]) -> Floodgate {
         ("FLOODGATE_GRPC_TLS__KEY_FILE", key.as_str()),
     ];
     all.extend_from_slice(env);
-    Floodgate::start_with_env(&[("tls.yaml", RULES)], &[], &all)
+    Floodgate::start_wrapped(prefix, &[("tls.yaml", RULES)], &[], &all)
 }
 
 /// A client of `server` over TLS, trusting `certificates`' CA, presenting `identity`.
@@ -219,4 +228,139 @@ async fn a_connection_is_retired_at_its_max_age() {
     // this one is sent GOAWAY and closed.
     let closed = tokio::time::timeout(Duration::from_secs(10), connection).await;
     assert!(closed.is_ok(), "the connection outlived its max age");
+}
+
+/// Puts `pair` where the server reads its certificate and key, key first (as a rotation
+/// does: a tick between the two sees a mismatched pair, which is refused).
+fn rotate_to(certificates: &Certificates, pair: &Pair) {
+    let served = certificates.server();
+    for (from, to) in [(&pair.key, &served.key), (&pair.cert, &served.cert)] {
+        // A copy onto a FIFO would block: the name is freed first.
+        let _ = std::fs::remove_file(to);
+        std::fs::copy(from, to).expect("a rotated file");
+    }
+}
+
+/// Replaces the file at `path` by a FIFO, which no one ever writes.
+fn fifo_in_place_of(path: &std::path::Path) {
+    std::fs::remove_file(path).expect("remove the file");
+    let made = std::process::Command::new("mkfifo")
+        .arg(path)
+        .status()
+        .expect("mkfifo runs");
+    assert!(made.success());
+}
+
+#[tokio::test]
+async fn a_certificate_replaced_by_a_fifo_is_refused_and_one_written_later_is_served() {
+    let certificates = Certificates::generate();
+    let server = start_tls(
+        &certificates,
+        &[
+            ("FLOODGATE_GRPC_TLS__RELOAD_INTERVAL_MS", "100"),
+            ("RUST_LOG", "info"),
+        ],
+    );
+    let served = certificates.server();
+    fifo_in_place_of(&served.cert);
+    let log = server.wait_for_log("not a regular file");
+    assert!(log.contains(&text(&served.cert)), "{log}");
+    // Nothing waits on the FIFO: the server decides, and answers its health check.
+    let mut client = tls_client(&server, &certificates, None)
+        .await
+        .expect("a TLS connection on the certificate in force");
+    decides(&mut client, "alice").await;
+    assert_eq!(server.http("GET", "/healthz", "").0, 200);
+
+    rotate_to(&certificates, &certificates.reissue_server(2));
+    server.wait_for_log("grpc_tls: certificate reloaded");
+    let subject = served_subject(server.grpc_addr, &certificates);
+    assert!(subject.contains("127.0.0.1_2"), "still {subject}");
+}
+
+#[tokio::test]
+async fn a_certificate_linked_to_an_endless_file_is_refused_and_the_one_in_force_stays() {
+    let certificates = Certificates::generate();
+    // A guard, not the check: should the cap ever be lost, the server's reads fail at 4 GiB
+    // of address space (it idles at about 1.3) instead of taking the machine's memory.
+    let server = start_tls_wrapped(
+        &["prlimit", "--as=4294967296", "--"],
+        &certificates,
+        &[("FLOODGATE_GRPC_TLS__RELOAD_INTERVAL_MS", "100")],
+    );
+    let served = certificates.server();
+    std::fs::remove_file(&served.cert).expect("remove the certificate");
+    std::os::unix::fs::symlink("/dev/zero", &served.cert).expect("a link to /dev/zero");
+    let log = server.wait_for_log("not a regular file");
+    assert!(log.contains(&text(&served.cert)), "{log}");
+    let subject = served_subject(server.grpc_addr, &certificates);
+    assert!(subject.contains("127.0.0.1"), "{subject}");
+    let mut client = tls_client(&server, &certificates, None)
+        .await
+        .expect("a TLS connection on the certificate in force");
+    decides(&mut client, "alice").await;
+}
+
+#[tokio::test]
+async fn a_rotation_to_a_certificate_outside_its_validity_keeps_the_one_in_force() {
+    let certificates = Certificates::generate();
+    let server = start_tls(
+        &certificates,
+        &[("FLOODGATE_GRPC_TLS__RELOAD_INTERVAL_MS", "100")],
+    );
+    let cases = [
+        (2, "20200101000000Z", "20200102000000Z", "expired"),
+        (3, "20990101000000Z", "21000101000000Z", "not valid before"),
+    ];
+    for (serial, not_before, not_after, why) in cases {
+        rotate_to(
+            &certificates,
+            &certificates.reissue_server_dated(serial, not_before, not_after),
+        );
+        let log = server.wait_for_log(why);
+        let line = log
+            .lines()
+            .find(|line| line.contains(why))
+            .unwrap_or_default();
+        let (from, to) = (&not_before[..8], &not_after[..8]);
+        let dates = |date: &str| format!("{}-{}-{}", &date[..4], &date[4..6], &date[6..]);
+        assert!(
+            line.contains(&text(&certificates.server().cert))
+                && line.contains(&dates(from))
+                && line.contains(&dates(to)),
+            "{line}"
+        );
+        let subject = served_subject(server.grpc_addr, &certificates);
+        assert!(subject.ends_with("127.0.0.1"), "{subject}");
+    }
+    let mut client = tls_client(&server, &certificates, None)
+        .await
+        .expect("a TLS connection on the certificate in force");
+    decides(&mut client, "alice").await;
+}
+
+#[test]
+fn an_expired_certificate_stops_the_start_naming_the_file_and_its_dates() {
+    let certificates = Certificates::generate();
+    let expired = certificates.reissue_server_dated(2, "20200101000000Z", "20200102000000Z");
+    let (cert, key) = (text(&expired.cert), text(&expired.key));
+    let rules = harness::write_rules(&[("tls.yaml", RULES)]);
+    // A server that starts anyway is stopped by `timeout`, and fails the checks below.
+    let output = harness::wrapped(&["timeout", "20"])
+        .args(harness::SERVE_ANYWHERE)
+        .arg("--rules")
+        .arg(rules.path())
+        .env("FLOODGATE_GRPC_TLS__CERT_FILE", &cert)
+        .env("FLOODGATE_GRPC_TLS__KEY_FILE", &key)
+        .output()
+        .expect("floodgate runs");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains(&cert)
+            && stderr.contains("expired")
+            && stderr.contains("2020-01-01")
+            && stderr.contains("2020-01-02"),
+        "{stderr}"
+    );
 }

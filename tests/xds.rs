@@ -284,3 +284,38 @@ fn an_overlays_file_that_does_not_read_stops_the_start_naming_it() {
         "{stderr}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_overlays_file_replaced_by_a_fifo_keeps_the_overlays_in_force_and_the_server_answering()
+{
+    let xds = XdsServer::start(None).await;
+    xds.push(Snapshot::limit("1", "xds", "user", 1));
+    let dir = tempfile::tempdir().expect("a directory");
+    let overlays = dir.path().join("overlays.toml");
+    std::fs::write(
+        &overlays,
+        "[[overlay]]\ndomain = 'xds'\npath = ['user']\nalgorithm = 'token_bucket'\nburst = 4\n",
+    )
+    .expect("the overlays file");
+    let path = overlays.display().to_string();
+    let server = subscribed(&xds.url("http"), &[("FLOODGATE_XDS__OVERLAYS_FILE", &path)]);
+    xds.ack_of("1").await;
+
+    // A FIFO no one writes: opening it to read would wait for a writer.
+    std::fs::remove_file(&overlays).expect("remove the overlays file");
+    let made = std::process::Command::new("mkfifo")
+        .arg(&overlays)
+        .status()
+        .expect("mkfifo runs");
+    assert!(made.success());
+    xds.push(Snapshot::limit("2", "xds", "user", 1));
+    xds.ack_of("2").await;
+    let log = server.wait_for_log("not a regular file");
+    assert!(log.contains(&path), "{log}");
+    assert_eq!(
+        allowed(&server, "user", "a", 6).await,
+        4,
+        "the overlays in force stay"
+    );
+    assert_eq!(server.http("GET", "/healthz", "").0, 200);
+}

@@ -16,6 +16,7 @@ use super::descriptor::read_descriptors;
 use super::reader::Reader;
 use super::yaml::{self, Document};
 use super::{Descriptors, Domain, RuleSet, Source};
+use crate::files::{self, FileError, Unreadable};
 
 /// One problem in a rule file: where it is and what is wrong.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -126,56 +127,32 @@ fn read_dir(dir: &Path, max_bytes: u64) -> (Vec<(String, String)>, Vec<LoadError
     let mut errors = Vec::new();
     let mut total: u64 = 0;
     for path in paths {
-        match read_file(&path, max_bytes.saturating_sub(total)) {
+        let room = max_bytes.saturating_sub(total);
+        match files::read_to_string(&path, room) {
             Ok(text) => {
                 total += text.len() as u64;
                 sources.push((path.display().to_string(), text));
             }
-            Err(Unreadable::TooBig(bytes)) => {
+            Err(FileError {
+                problem: Unreadable::TooBig { size, .. },
+                ..
+            }) => {
                 let message = format!(
-                    "the rule files reach {} bytes with this one ({bytes} bytes), above \
+                    "the rule files reach {} bytes with this one ({size} bytes), above \
                      rules_max_bytes ({max_bytes}); raise the setting or trim the rules",
-                    total + bytes
+                    total + size
                 );
                 errors.push(whole(&path, message));
             }
-            Err(Unreadable::Io(e)) => {
-                errors.push(whole(&path, format!("cannot read the rule file: {e}")));
+            // A dangling link, a loop of links or something other than a file is an error
+            // naming the file, so its domain is not silently dropped.
+            Err(error) => {
+                let message = format!("cannot read the rule file: {}", error.problem);
+                errors.push(whole(&path, message));
             }
         }
     }
     (sources, errors)
-}
-
-enum Unreadable {
-    /// At least this many bytes, more than were left.
-    TooBig(u64),
-    Io(String),
-}
-
-/// The text of the rule file at `path` if it holds at most `room` bytes.
-fn read_file(path: &Path, room: u64) -> Result<String, Unreadable> {
-    use std::io::Read;
-    // What the name leads to, links followed: a dangling link, a loop of links or something
-    // other than a file (a FIFO would block the read) is an error naming the file, so its
-    // domain is not silently dropped.
-    let io = |e: std::io::Error| Unreadable::Io(e.to_string());
-    let metadata = std::fs::metadata(path).map_err(io)?;
-    if !metadata.is_file() {
-        return Err(Unreadable::Io("it is not a regular file".to_owned()));
-    }
-    if metadata.len() > room {
-        return Err(Unreadable::TooBig(metadata.len()));
-    }
-    // The file may grow between the look and the read: never read more than the room.
-    let mut text = String::new();
-    std::fs::File::open(path)
-        .and_then(|file| file.take(room + 1).read_to_string(&mut text))
-        .map_err(io)?;
-    match text.len() as u64 {
-        read if read > room => Err(Unreadable::TooBig(read)),
-        _ => Ok(text),
-    }
 }
 
 /// A visible `*.yaml` / `*.yml` name (whatever it leads to: [`read_dir`] says when that is

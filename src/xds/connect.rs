@@ -1,13 +1,15 @@
 //! The channel to the xDS server: plain HTTP/2, or TLS with the server checked against a CA
 //! (or the system's roots) and, for mutual TLS, a client certificate. The files are read
 //! at every connection, so certificates rotated on disk (cert-manager, Envoy Gateway) are
-//! used from the next one.
+//! used from the next one; they are read on tokio's blocking pool, as [`crate::files`]
+//! reads every file (regular files, at most [`PEM_MAX_BYTES`] each).
 
 use std::path::Path;
 use std::time::Duration;
 
 use tonic::transport::{Certificate, ClientTlsConfig, Endpoint, Identity};
 
+use crate::files::{self, FileError, PEM_MAX_BYTES};
 use crate::settings::XdsSettings;
 
 /// Why a subscription could not be made or kept.
@@ -15,8 +17,8 @@ use crate::settings::XdsSettings;
 pub enum XdsError {
     #[error("xds settings: {0}")]
     Settings(String),
-    #[error("reading {path}: {error}")]
-    File { path: String, error: std::io::Error },
+    #[error("{0}")]
+    File(#[from] FileError),
     #[error("connecting: {0}")]
     Transport(#[from] tonic::transport::Error),
     #[error("the stream failed: {0}")]
@@ -31,7 +33,7 @@ const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(30);
 const KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// The endpoint of `settings.server_url`, with TLS for `https://`.
-pub fn endpoint(settings: &XdsSettings) -> Result<Endpoint, XdsError> {
+pub async fn endpoint(settings: &XdsSettings) -> Result<Endpoint, XdsError> {
     let url = &settings.server_url;
     let endpoint = Endpoint::from_shared(url.clone())
         .map_err(|error| XdsError::Settings(format!("server_url {url:?}: {error}")))?
@@ -48,11 +50,13 @@ pub fn endpoint(settings: &XdsSettings) -> Result<Endpoint, XdsError> {
         return Ok(endpoint);
     }
     let mut tls = match &settings.ca_file {
-        Some(ca) => ClientTlsConfig::new().ca_certificate(Certificate::from_pem(read(ca)?)),
+        Some(ca) => ClientTlsConfig::new().ca_certificate(Certificate::from_pem(read(ca).await?)),
         None => ClientTlsConfig::new().with_native_roots(),
     };
     match (&settings.cert_file, &settings.key_file) {
-        (Some(cert), Some(key)) => tls = tls.identity(Identity::from_pem(read(cert)?, read(key)?)),
+        (Some(cert), Some(key)) => {
+            tls = tls.identity(Identity::from_pem(read(cert).await?, read(key).await?));
+        }
         (None, None) => {}
         _ => {
             return Err(XdsError::Settings(
@@ -66,9 +70,6 @@ pub fn endpoint(settings: &XdsSettings) -> Result<Endpoint, XdsError> {
     Ok(endpoint.tls_config(tls)?)
 }
 
-fn read(path: &Path) -> Result<Vec<u8>, XdsError> {
-    std::fs::read(path).map_err(|error| XdsError::File {
-        path: path.display().to_string(),
-        error,
-    })
+async fn read(path: &Path) -> Result<Vec<u8>, XdsError> {
+    Ok(files::read_off_runtime(path.to_owned(), PEM_MAX_BYTES).await?)
 }

@@ -19,7 +19,9 @@
 //!
 //! **Overlays** (`overlay.rs`, `xds.overlays_file`) give delivered rules floodgate's
 //! extensions (algorithm, burst, unit multiplier, time zone, failure policy), merged in
-//! before the load; the file is read again at every snapshot.
+//! before the load; the file is read again at every snapshot, on tokio's blocking pool, as
+//! [`crate::files`] reads every file (a regular file, at most `rules_max_bytes`). One that
+//! does not read then is logged and the overlays in force stay.
 //!
 //! **Start-up** waits for the first accepted snapshot before the listeners open, unless
 //! `start_without_initial_config` is set: then floodgate serves at once with no rules (every
@@ -87,7 +89,7 @@ impl Subscription {
         limiter: Arc<RateLimiter>,
     ) -> Result<Self, String> {
         let overlays = match &settings.overlays_file {
-            Some(path) => Overlays::read(path)?,
+            Some(path) => Overlays::read(path, max_bytes)?,
             None => Overlays::default(),
         };
         Ok(Subscription {
@@ -102,11 +104,11 @@ impl Subscription {
 
     /// Reads the overlays file again, so that an edit applies from the next snapshot; a
     /// file that no longer reads is logged and the overlays in force stay.
-    fn refresh_overlays(&mut self) {
+    async fn refresh_overlays(&mut self) {
         let Some(path) = &self.settings.overlays_file else {
             return;
         };
-        match Overlays::read(path) {
+        match Overlays::read_off_runtime(path, self.max_bytes).await {
             Ok(overlays) => self.overlays = overlays,
             Err(error) => tracing::error!("xDS overlays not reread, the last ones stay: {error}"),
         }
@@ -145,7 +147,7 @@ impl Subscription {
     /// One stream: subscribes, then applies each snapshot and answers it, until the stream
     /// ends; `delivered` tells whether it brought a snapshot, whichever way it ended.
     async fn session(&mut self, delivered: &mut bool) -> Result<(), XdsError> {
-        let channel = connect::endpoint(&self.settings)?.connect().await?;
+        let channel = connect::endpoint(&self.settings).await?.connect().await?;
         let mut client = AggregatedDiscoveryServiceClient::new(channel);
         let (requests, outgoing) = mpsc::channel(4);
         let outgoing = futures_util::stream::unfold(outgoing, |mut outgoing| async move {
@@ -160,7 +162,7 @@ impl Subscription {
         tracing::info!(server = %self.settings.server_url, "subscribed to xDS rules");
         while let Some(response) = responses.message().await? {
             *delivered = true;
-            let answer = self.answer(&response);
+            let answer = self.answer(&response).await;
             if requests.send(answer).await.is_err() {
                 break;
             }
@@ -169,8 +171,8 @@ impl Subscription {
     }
 
     /// Applies `response` and says so: its ACK, or its NACK with the reason.
-    fn answer(&mut self, response: &DiscoveryResponse) -> DiscoveryRequest {
-        self.refresh_overlays();
+    async fn answer(&mut self, response: &DiscoveryResponse) -> DiscoveryRequest {
+        self.refresh_overlays().await;
         let version = &response.version_info;
         match self.apply(response) {
             Ok(()) => {

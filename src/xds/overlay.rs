@@ -23,6 +23,8 @@ use std::path::Path;
 use serde::Deserialize;
 use serde_json::{Map, Value};
 
+use crate::files::{self, FileError};
+
 /// The overlays of one file.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -46,11 +48,25 @@ pub struct Overlay {
 }
 
 impl Overlays {
-    /// The overlays of the TOML file at `path`; an error names the file and what is wrong.
-    pub fn read(path: &Path) -> Result<Overlays, String> {
-        let text = std::fs::read_to_string(path)
-            .map_err(|error| format!("reading {}: {error}", path.display()))?;
-        toml::from_str(&text).map_err(|error| format!("{}: {error}", path.display()))
+    /// The overlays of the TOML file at `path`, read as [`crate::files`] reads every file
+    /// (a regular file of at most `max_bytes`); an error names the file and what is wrong.
+    pub fn read(path: &Path, max_bytes: u64) -> Result<Overlays, String> {
+        Overlays::parse(path, files::read(path, max_bytes))
+    }
+
+    /// [`Overlays::read`], the file read on tokio's blocking pool.
+    pub async fn read_off_runtime(path: &Path, max_bytes: u64) -> Result<Overlays, String> {
+        Overlays::parse(
+            path,
+            files::read_off_runtime(path.to_owned(), max_bytes).await,
+        )
+    }
+
+    fn parse(path: &Path, read: Result<Vec<u8>, FileError>) -> Result<Overlays, String> {
+        let bytes = read.map_err(|error| error.to_string())?;
+        let text = std::str::from_utf8(&bytes)
+            .map_err(|error| format!("{}: not UTF-8: {error}", path.display()))?;
+        toml::from_str(text).map_err(|error| format!("{}: {error}", path.display()))
     }
 
     /// Adds the overlays of `domain` to `descriptors` (a rule file's `descriptors` list);
@@ -171,7 +187,8 @@ mod tests {
     #[test]
     fn the_example_overlays_file_reads() {
         let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/xds/overlays.toml");
-        let overlays = Overlays::read(&path).expect("the example reads");
+        let overlays = Overlays::read(&path, crate::rules::DEFAULT_RULES_MAX_BYTES)
+            .expect("the example reads");
         assert_eq!(overlays.entries.len(), 2);
         assert_eq!(overlays.entries[1].path, ["plan=premium", "path"]);
     }

@@ -90,6 +90,45 @@ impl Certificates {
         self.pair(&name)
     }
 
+    /// A new server certificate for the same names, with `serial` in its subject, valid
+    /// only from `not_before` to `not_after` (`YYYYMMDDHHMMSSZ`): one already expired, or
+    /// not valid yet, when the dates say so.
+    pub fn reissue_server_dated(&self, serial: u32, not_before: &str, not_after: &str) -> Pair {
+        let name = format!("server-{serial}");
+        let dir = self.dir.path().display();
+        openssl(&format!(
+            "req -newkey rsa:2048 -nodes -subj /CN=127.0.0.1_{serial} -keyout {dir}/{name}.key \
+             -out {dir}/{name}.csr"
+        ));
+        // `openssl x509` sets no start date; `openssl ca` sets both, from its own database.
+        std::fs::write(
+            self.path("ca.cnf"),
+            format!(
+                "[ca]\ndefault_ca = test\n[test]\ndatabase = {dir}/index.txt\n\
+                 new_certs_dir = {dir}\nserial = {dir}/ca.srl\ndefault_md = sha256\n\
+                 policy = any\nunique_subject = no\n[any]\ncommonName = supplied\n"
+            ),
+        )
+        .expect("writing the CA's configuration");
+        if !self.path("index.txt").exists() {
+            std::fs::write(self.path("index.txt"), "").expect("the CA's database");
+        }
+        if !self.path("ca.srl").exists() {
+            std::fs::write(self.path("ca.srl"), "1000\n").expect("the CA's serial");
+        }
+        std::fs::write(
+            self.path(&format!("{name}.ext")),
+            "subjectAltName=IP:127.0.0.1,DNS:localhost\n",
+        )
+        .expect("writing the certificate extensions");
+        openssl(&format!(
+            "ca -batch -notext -config {dir}/ca.cnf -cert {dir}/ca.crt -keyfile {dir}/ca.key \
+             -in {dir}/{name}.csr -out {dir}/{name}.crt -extfile {dir}/{name}.ext \
+             -startdate {not_before} -enddate {not_after}"
+        ));
+        self.pair(&name)
+    }
+
     fn authority(&self, name: &str) {
         let dir = self.dir.path().display();
         openssl(&format!(

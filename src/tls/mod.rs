@@ -2,16 +2,28 @@
 //! A server certificate and, with a client CA, mutual TLS: a client without a certificate
 //! that chains to the CA is refused in the handshake.
 //!
-//! **Rotation.** The files are read again every `reload_interval_ms`; a change that loads
-//! becomes the configuration of every new connection (cert-manager and Envoy Gateway renew
-//! certificates in place), one that does not is logged and the configuration in force
-//! stays. Open connections keep the certificate they were made with.
+//! **The files** are read as [`crate::files`] reads every file: regular files only (a
+//! FIFO or a device in a file's place is refused, links followed), at most
+//! [`PEM_MAX_BYTES`] each.
+//!
+//! **Only a certificate within its validity period is served** (`validity.rs`): every
+//! client that verifies the server would refuse one that expired or is not valid yet. At
+//! start-up such a certificate stops the start, with an error naming the file and both
+//! dates.
+//!
+//! **Rotation.** The files are read again every `reload_interval_ms`, on tokio's blocking
+//! pool; a change that loads becomes the configuration of every new connection
+//! (cert-manager and Envoy Gateway renew certificates in place), one that does not (a file
+//! that does not read, a key that does not match, a certificate outside its validity) is
+//! logged naming the file and why, and the configuration in force stays. Open connections
+//! keep the certificate they were made with.
 //!
 //! **Handshakes do not hold up accepting.** Each runs on its own beside the others, bounded
 //! by the handshake timeout, and only finished ones reach the server.
 
+mod validity;
+
 use std::io;
-use std::path::Path;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::task::{Context, Poll};
@@ -26,9 +38,11 @@ use tokio_rustls::rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use tokio_rustls::rustls::server::WebPkiClientVerifier;
 use tokio_rustls::rustls::{RootCertStore, ServerConfig};
 
+use crate::files::{self, FileError, PEM_MAX_BYTES};
 use crate::listener::Acceptor;
 use crate::settings::ListenerTls;
 use crate::socket::Connection;
+use validity::Validity;
 
 /// A TLS setting that cannot be served, named by its settings section.
 #[derive(Debug, thiserror::Error)]
@@ -42,8 +56,8 @@ pub struct TlsError {
 enum Problem {
     #[error("{0}")]
     Settings(&'static str),
-    #[error("reading {path}: {error}")]
-    Read { path: String, error: io::Error },
+    #[error("{0}")]
+    Read(#[from] FileError),
     #[error("{path}: {message}")]
     Invalid { path: String, message: String },
 }
@@ -130,7 +144,8 @@ impl ServerTls {
         Ok(true)
     }
 
-    /// Reloads every `reload_interval_ms` (never when 0), for as long as the process runs.
+    /// Reloads every `reload_interval_ms` (never when 0), for as long as the process runs,
+    /// each time on tokio's blocking pool: reading the files waits on the disk.
     pub fn spawn_reloader(self: &Arc<Self>) {
         if self.settings.reload_interval_ms == 0 {
             return;
@@ -142,13 +157,19 @@ impl ServerTls {
             ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
             loop {
                 ticks.tick().await;
-                match tls.reload() {
-                    Ok(true) => tracing::info!("{}: certificate reloaded", tls.section),
-                    Ok(false) => {}
-                    Err(error) => tracing::error!(
+                let reloading = tokio::task::spawn_blocking({
+                    let tls = tls.clone();
+                    move || tls.reload()
+                });
+                match reloading.await {
+                    Ok(Ok(true)) => tracing::info!("{}: certificate reloaded", tls.section),
+                    Ok(Ok(false)) => {}
+                    Ok(Err(error)) => tracing::error!(
                         "TLS files changed but do not load, the certificate in force stays: \
                          {error}"
                     ),
+                    // The runtime is shutting down.
+                    Err(_) => return,
                 }
             }
         });
@@ -183,15 +204,24 @@ impl Files {
         protocols: Protocols,
     ) -> Result<ServerConfig, Problem> {
         let invalid = |path: &Option<std::path::PathBuf>, message: String| Problem::Invalid {
-            path: path.as_deref().map(display).unwrap_or_default(),
+            path: (path.as_deref()).map_or_else(String::new, |path| path.display().to_string()),
             message,
         };
         let chain: Vec<CertificateDer<'static>> = CertificateDer::pem_slice_iter(&self.cert)
             .collect::<Result<_, _>>()
             .map_err(|e| invalid(&settings.cert_file, e.to_string()))?;
-        if chain.is_empty() {
+        let Some(leaf) = chain.first() else {
             return Err(invalid(&settings.cert_file, "no certificate in it".into()));
-        }
+        };
+        let validity = Validity::of(leaf).map_err(|why| {
+            invalid(
+                &settings.cert_file,
+                format!("the certificate's validity period does not read: {why}"),
+            )
+        })?;
+        validity
+            .check(jiff::Timestamp::now())
+            .map_err(|why| invalid(&settings.cert_file, why))?;
         let key = PrivateKeyDer::from_pem_slice(&self.key)
             .map_err(|e| invalid(&settings.key_file, e.to_string()))?;
         let builder = ServerConfig::builder();
@@ -220,15 +250,8 @@ impl Files {
     }
 }
 
-fn read(path: &Path) -> Result<Vec<u8>, Problem> {
-    std::fs::read(path).map_err(|error| Problem::Read {
-        path: display(path),
-        error,
-    })
-}
-
-fn display(path: &Path) -> String {
-    path.display().to_string()
+fn read(path: &std::path::Path) -> Result<Vec<u8>, Problem> {
+    Ok(files::read(path, PEM_MAX_BYTES)?)
 }
 
 /// Accepted connections after their TLS handshake (see the module).
