@@ -437,11 +437,11 @@ async fn serve(settings: Settings) -> anyhow::Result<()> {
     let _ = writeln!(
         std::io::stdout().lock(),
         "floodgate listening: grpc={} http={}{metrics}{admin}\n\
-         try: floodgate query --addr http://{} --domain floodgate_demo --descriptor user_id=alice\n\
+         try: floodgate query --addr {} --domain floodgate_demo --descriptor user_id=alice\n\
          or:  curl -s -X POST http://{}/json -d '{{\"domain\":\"floodgate_demo\",\"descriptors\":[{{\"entries\":[{{\"key\":\"user_id\",\"value\":\"alice\"}}]}}]}}'",
         running.grpc_addr,
         running.http_addr,
-        running.grpc_addr,
+        (running.grpc_addr).client_address(settings.grpc_tls.cert_file.is_some()),
         running.http_addr
     );
 

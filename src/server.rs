@@ -86,6 +86,18 @@ impl std::fmt::Display for BoundAddr {
     }
 }
 
+impl BoundAddr {
+    /// The address a gRPC client is given for this listener: `unix:/path` for a socket,
+    /// `https://` under TLS, else `http://`.
+    pub fn client_address(&self, tls: bool) -> String {
+        match self {
+            BoundAddr::Unix(path) => format!("unix:{}", path.display()),
+            BoundAddr::Tcp(addr) if tls => format!("https://{addr}"),
+            BoundAddr::Tcp(addr) => format!("http://{addr}"),
+        }
+    }
+}
+
 /// Where the server listens.
 pub struct Endpoints {
     pub grpc: GrpcEndpoint,
@@ -430,4 +442,19 @@ impl RunningServer {
 async fn wait_for_stop(mut stopped: watch::Receiver<bool>) {
     // A dropped sender also means stop.
     let _ = stopped.wait_for(|stop| *stop).await;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn clients_are_given_the_scheme_the_listener_speaks() {
+        let tcp = BoundAddr::Tcp("127.0.0.1:8081".parse().unwrap());
+        assert_eq!(tcp.client_address(false), "http://127.0.0.1:8081");
+        assert_eq!(tcp.client_address(true), "https://127.0.0.1:8081");
+        let unix = BoundAddr::Unix("/run/floodgate/grpc.sock".into());
+        assert_eq!(unix.client_address(false), "unix:/run/floodgate/grpc.sock");
+        assert_eq!(unix.client_address(true), "unix:/run/floodgate/grpc.sock");
+    }
 }

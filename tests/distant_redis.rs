@@ -180,3 +180,80 @@ async fn a_killed_connection_8ms_away_costs_only_the_requests_it_carried() {
     assert!(decided_total > 0);
     assert_eq!(link.connections(), 2, "one replacement connection");
 }
+
+/// SIGTERM under load: every call the server took is answered by Redis within the grace
+/// period; calls sent after shutdown began are refused unprocessed (the client goes to
+/// another replica), never answered by a policy.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn sigterm_under_load_lets_the_calls_in_flight_be_decided() {
+    use std::sync::Arc;
+    use std::sync::Mutex;
+
+    const IN_FLIGHT: usize = 16;
+    let redis = RedisServer::start();
+    let link = DelayedLink::to(redis.port(), ONE_WAY).await;
+    // 30 ms: no request here is answered by its policy for want of time.
+    let server = Floodgate::start_with_env(
+        &[("rules.yaml", RULES)],
+        &["--backend", "redis", "--redis-url", &link.url()],
+        &[("FLOODGATE_REDIS_COMMAND_TIMEOUT_MS", "30")],
+    );
+    let outcomes = Arc::new(Mutex::new(Vec::new()));
+    let mut tasks = Vec::new();
+    for task in 0..IN_FLIGHT {
+        let mut client = server.client().await;
+        let outcomes = outcomes.clone();
+        tasks.push(tokio::spawn(async move {
+            let user = format!("leaving-{task}");
+            loop {
+                let ask = request("far", vec![descriptor(&[("user", &user)])]);
+                match client.should_rate_limit(ask).await {
+                    Ok(response) => outcomes
+                        .lock()
+                        .unwrap()
+                        .push(Ok(decided(response.get_ref()))),
+                    Err(status) => {
+                        outcomes.lock().unwrap().push(Err(status));
+                        return;
+                    }
+                }
+            }
+        }));
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let pid = server.pid().to_string();
+    let killed = std::process::Command::new("kill")
+        .args(["-TERM", &pid])
+        .status()
+        .expect("kill");
+    assert!(killed.success());
+    for task in tasks {
+        tokio::time::timeout(Duration::from_secs(10), task)
+            .await
+            .expect("every client ends")
+            .expect("a client task");
+    }
+    let outcomes = std::mem::take(&mut *outcomes.lock().unwrap());
+    let policy = outcomes.iter().filter(|o| matches!(o, Ok(false))).count();
+    let decided_count = outcomes.iter().filter(|o| matches!(o, Ok(true))).count();
+    let errors: Vec<String> = (outcomes.iter())
+        .filter_map(|o| o.as_ref().err())
+        .map(|status| {
+            format!(
+                "{:?}: {} ({:?})",
+                status.code(),
+                status.message(),
+                std::error::Error::source(status)
+            )
+        })
+        .collect();
+    eprintln!("decided {decided_count}, policy {policy}, errors: {errors:#?}");
+    assert_eq!(policy, 0, "{}", server.stderr());
+    // A status the server sent has no transport error behind it: every call the server took
+    // was decided, and the clients ended on refused connections.
+    let answered_by_server: Vec<&tonic::Status> = (outcomes.iter())
+        .filter_map(|o| o.as_ref().err())
+        .filter(|status| std::error::Error::source(*status).is_none())
+        .collect();
+    assert!(answered_by_server.is_empty(), "{answered_by_server:#?}");
+}

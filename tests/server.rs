@@ -374,3 +374,42 @@ async fn a_request_past_its_callers_deadline_is_refused_and_counts_nothing() {
     let answer = client.should_rate_limit(again).await.expect("an answer");
     assert_eq!(answer.get_ref().overall_code, harness::OK);
 }
+
+/// The start-up banner's suggested query works as printed, on a Unix socket too (where an
+/// `http://` address would not).
+#[test]
+fn the_banners_query_works_as_printed_on_a_unix_socket() {
+    use std::io::{BufRead, BufReader};
+    use std::process::Stdio;
+
+    let dir = tempfile::tempdir().expect("a directory for the socket");
+    let socket = dir.path().join("floodgate.sock");
+    let demo = "domain: floodgate_demo\ndescriptors:\n  - key: user_id\n    rate_limit: {unit: minute, requests_per_unit: 5}\n";
+    let rules = harness::write_rules(&[("demo.yaml", demo)]);
+    let mut child = harness::command()
+        .args(["serve", "--http-addr", "127.0.0.1:0", "--rules"])
+        .arg(rules.path())
+        .env("FLOODGATE_GRPC_UNIX_SOCKET", &socket)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("floodgate starts");
+    let mut lines = BufReader::new(child.stdout.take().expect("stdout")).lines();
+    let _listening = lines.next().expect("the listening line").expect("text");
+    let suggestion = lines.next().expect("the query line").expect("text");
+    let command = suggestion
+        .trim()
+        .strip_prefix("try: floodgate ")
+        .unwrap_or_else(|| panic!("{suggestion}"));
+    let answer = harness::command()
+        .args(command.split_whitespace())
+        .output()
+        .expect("floodgate query runs");
+    let _ = child.kill();
+    let _ = child.wait();
+    assert!(
+        answer.status.success(),
+        "{command}: {}",
+        String::from_utf8_lossy(&answer.stderr)
+    );
+}
