@@ -184,10 +184,15 @@ pub async fn start(
     health
         .set_serving::<RateLimitServiceServer<GrpcService>>()
         .await;
-    let reflection = tonic_reflection::server::Builder::configure()
-        .register_encoded_file_descriptor_set(FILE_DESCRIPTOR_SET)
-        .build_v1()
-        .context("building the reflection service")?;
+    // Both versions, as grpc-go registers them: grpcio-reflection's client and several GUI
+    // clients speak only v1alpha.
+    let reflection = || {
+        tonic_reflection::server::Builder::configure()
+            .register_encoded_file_descriptor_set(FILE_DESCRIPTOR_SET)
+    };
+    let reflection_v1 = (reflection().build_v1()).context("building the reflection service")?;
+    let reflection_v1alpha =
+        (reflection().build_v1alpha()).context("building the v1alpha reflection service")?;
 
     let (stop, stopped) = watch::channel(false);
     let ready = Arc::new(AtomicBool::new(true));
@@ -203,7 +208,8 @@ pub async fn start(
         timeouts.handshake,
     );
     let routes = tonic::service::Routes::new(health_service)
-        .add_service(reflection)
+        .add_service(reflection_v1)
+        .add_service(reflection_v1alpha)
         .add_service(RateLimitServiceServer::new(GrpcService(limiter.clone())))
         .prepare();
     let service = StampArrival(CallDeadline {

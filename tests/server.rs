@@ -125,29 +125,51 @@ async fn grpc_health_reports_the_rate_limit_service_serving() {
     }
 }
 
+/// Reflection's services in one version of its protocol, as `$version`'s client lists them.
+macro_rules! reflected_services {
+    ($version:ident, $server:expr) => {{
+        use tonic_reflection::pb::$version::ServerReflectionRequest;
+        use tonic_reflection::pb::$version::server_reflection_client::ServerReflectionClient;
+        use tonic_reflection::pb::$version::server_reflection_request::MessageRequest;
+        use tonic_reflection::pb::$version::server_reflection_response::MessageResponse;
+
+        let mut client = ServerReflectionClient::new(channel($server).await);
+        let request = ServerReflectionRequest {
+            host: String::new(),
+            message_request: Some(MessageRequest::ListServices(String::new())),
+        };
+        let mut responses = client
+            .server_reflection_info(tokio_stream::iter([request]))
+            .await
+            .unwrap()
+            .into_inner();
+        let response = responses.message().await.unwrap().unwrap();
+        let Some(MessageResponse::ListServicesResponse(list)) = response.message_response else {
+            panic!("unexpected reflection answer");
+        };
+        list.service
+            .into_iter()
+            .map(|s| s.name)
+            .collect::<Vec<String>>()
+    }};
+}
+
+/// Both reflection versions, as upstream's grpc-go serves them: grpcio-reflection's client
+/// and several GUI clients speak only v1alpha.
+#[tokio::test]
+async fn grpc_reflection_v1alpha_lists_the_rate_limit_service() {
+    let server = Floodgate::start(&[("r.yaml", RULES)], &[]);
+    let names = reflected_services!(v1alpha, &server);
+    assert!(
+        names.contains(&"envoy.service.ratelimit.v3.RateLimitService".to_string()),
+        "{names:?}"
+    );
+}
+
 #[tokio::test]
 async fn grpc_reflection_lists_the_rate_limit_service() {
-    use tonic_reflection::pb::v1::ServerReflectionRequest;
-    use tonic_reflection::pb::v1::server_reflection_client::ServerReflectionClient;
-    use tonic_reflection::pb::v1::server_reflection_request::MessageRequest;
-    use tonic_reflection::pb::v1::server_reflection_response::MessageResponse;
-
     let server = Floodgate::start(&[("r.yaml", RULES)], &[]);
-    let mut client = ServerReflectionClient::new(channel(&server).await);
-    let request = ServerReflectionRequest {
-        host: String::new(),
-        message_request: Some(MessageRequest::ListServices(String::new())),
-    };
-    let mut responses = client
-        .server_reflection_info(tokio_stream::iter([request]))
-        .await
-        .unwrap()
-        .into_inner();
-    let response = responses.message().await.unwrap().unwrap();
-    let Some(MessageResponse::ListServicesResponse(list)) = response.message_response else {
-        panic!("unexpected reflection answer");
-    };
-    let names: Vec<String> = list.service.into_iter().map(|s| s.name).collect();
+    let names = reflected_services!(v1, &server);
     assert!(
         names.contains(&"envoy.service.ratelimit.v3.RateLimitService".to_string()),
         "{names:?}"
