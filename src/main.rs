@@ -45,6 +45,7 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// Serve rate-limit decisions over gRPC and HTTP (the default).
+    #[command(after_help = SETTINGS_WITHOUT_FLAGS)]
     Serve(ServeArgs),
     /// Load a rules directory and report every error; exit 1 if there is any.
     CheckConfig {
@@ -70,10 +71,32 @@ enum Command {
     Completions { shell: clap_complete::Shell },
 }
 
+/// What `serve --help` says of the settings that have no flag.
+const SETTINGS_WITHOUT_FLAGS: &str = "\
+More settings have no flag: set them in the --config file (TOML) or as FLOODGATE_* variables
+(a section's dot becomes a double underscore: grpc_tls.cert_file is FLOODGATE_GRPC_TLS__CERT_FILE).
+  grpc_tls.{cert_file,key_file,client_ca_file,reload_interval_ms}   TLS and mutual TLS on gRPC
+  grpc_unix_socket                     gRPC on a Unix socket instead of grpc_addr
+  metrics_addr                         /metrics on a port of its own
+  admin_addr, admin_token, admin_tls.* the admin API (counters: get, reset)
+  rules_source = \"xds\", xds.{server_url,node_id,node_cluster,ca_file,cert_file,key_file,
+    server_name,overlays_file,...}     rules over xDS
+  rules_max_bytes                      the most bytes of rules (files or an xDS snapshot)
+  redis_username, redis_password, redis_tls_ca_file, redis_tls_cert_file,
+    redis_tls_key_file, redis_pool_size, redis_connect_timeout_ms,
+    redis_command_timeout_ms, redis_key_prefix, redis_breaker_failures,
+    redis_breaker_window_ms, redis_breaker_cooldown_ms, redis_local_cache_size   Redis
+  readiness_follows_backend            /readyz and gRPC health follow Redis' breaker
+  memory_max_counters, near_limit_ratio, on_backend_error, request_limits.*,
+    connection_limits.*, shutdown_grace   limits and policies
+  OTEL_EXPORTER_OTLP_ENDPOINT (and the other OTEL_* variables)   traces over OTLP
+The README's settings table describes every one; `floodgate ratelimit` reads
+envoyproxy/ratelimit's environment variables instead.";
+
 /// Every flag is also a settings-file key and a `FLOODGATE_*` environment variable.
 #[derive(Args, Default)]
 struct ServeArgs {
-    /// Settings file (TOML).
+    /// Settings file (TOML): every setting, those without a flag included (below).
     #[arg(long, env = "FLOODGATE_CONFIG")]
     config: Option<PathBuf>,
     /// Directory of rule files [default: examples/rules].

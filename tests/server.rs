@@ -435,3 +435,43 @@ fn the_banners_query_works_as_printed_on_a_unix_socket() {
         String::from_utf8_lossy(&answer.stderr)
     );
 }
+
+/// `serve --help` names every setting of the README's table: as a flag, or in its list of
+/// the settings that have none (so TLS and xDS are found without reading the code).
+#[test]
+fn serve_help_names_every_setting() {
+    let help = harness::command()
+        .args(["serve", "--help"])
+        .output()
+        .expect("floodgate runs");
+    let help = String::from_utf8(help.stdout).expect("text");
+    let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md"))
+        .expect("the README");
+    // The settings table: from its header to the first line that is not a row.
+    let rows = (readme.lines())
+        .skip_while(|line| *line != "| key | default | meaning |")
+        .skip(2)
+        .take_while(|line| line.starts_with('|'));
+    let mut missing = Vec::new();
+    for row in rows {
+        let Some(first) = row.split('|').nth(1) else {
+            continue;
+        };
+        for key in first.split('`').skip(1).step_by(2) {
+            // A section's key is named by the section (`connection_limits.*`) or in full.
+            let section = key.split('.').next().unwrap_or(key);
+            let flag = format!("--{}", key.replace('_', "-"));
+            let named = help.contains(&flag)
+                || help.contains(key)
+                || help.contains(&format!("{section}.*"))
+                || help.contains(&format!("{section}.{{"));
+            if !named {
+                missing.push(key.to_owned());
+            }
+        }
+    }
+    assert!(
+        missing.is_empty(),
+        "not in serve --help: {missing:?}\n{help}"
+    );
+}
