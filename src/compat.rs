@@ -13,6 +13,10 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
+/// What one entry of the over-limit cache costs, about: its counter key (most are under a
+/// hundred bytes) and its expiry, in the map and its expiry order.
+const LOCAL_CACHE_ENTRY_BYTES: u64 = 128;
+
 /// Why upstream's environment cannot be served.
 #[derive(Debug, PartialEq, Eq, thiserror::Error)]
 #[error("envoyproxy/ratelimit environment: {0}")]
@@ -289,6 +293,21 @@ impl<'a> Translator<'a> {
         if self.flag("RESPONSE_DYNAMIC_METADATA")? {
             self.set("dynamic_metadata", "true");
         }
+        self.local_cache()
+    }
+
+    /// Upstream's over-limit cache is off unless `LOCAL_CACHE_SIZE_IN_BYTES` sizes it;
+    /// floodgate's (on by default) is sized in entries: one per [`LOCAL_CACHE_ENTRY_BYTES`].
+    /// Left on, it would answer (and count in the stats) what upstream sends to Redis.
+    fn local_cache(&mut self) -> Result<(), CompatError> {
+        let bytes = self.or("LOCAL_CACHE_SIZE_IN_BYTES", "0");
+        let bytes: u64 = bytes.parse().map_err(|_| {
+            CompatError(format!(
+                "LOCAL_CACHE_SIZE_IN_BYTES={bytes:?}: a number of bytes"
+            ))
+        })?;
+        let entries = bytes.div_ceil(LOCAL_CACHE_ENTRY_BYTES);
+        self.set("redis_local_cache_size", entries.to_string());
         Ok(())
     }
 
@@ -472,6 +491,20 @@ mod tests {
             let refused = translate(&env(&[("TRACING_ENABLED", "1"), (name, value)]));
             assert!(refused.unwrap_err().0.contains(name), "{name}={value}");
         }
+    }
+
+    #[test]
+    fn the_over_limit_cache_is_off_unless_upstreams_variable_sizes_it() {
+        let off = translate(&env(&[])).expect("translates");
+        assert_eq!(value(&off, "FLOODGATE_REDIS_LOCAL_CACHE_SIZE"), Some("0"));
+        let sized = translate(&env(&[("LOCAL_CACHE_SIZE_IN_BYTES", "1048576")]));
+        let sized = sized.expect("translates");
+        assert_eq!(
+            value(&sized, "FLOODGATE_REDIS_LOCAL_CACHE_SIZE"),
+            Some("8192")
+        );
+        let refused = translate(&env(&[("LOCAL_CACHE_SIZE_IN_BYTES", "1MB")]));
+        assert!(refused.unwrap_err().0.contains("LOCAL_CACHE_SIZE_IN_BYTES"));
     }
 
     #[test]
