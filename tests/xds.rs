@@ -135,6 +135,69 @@ async fn a_broken_snapshot_is_nacked_with_the_error_and_the_last_good_rules_stay
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_snapshot_past_rules_max_bytes_is_nacked_before_it_is_expanded() {
+    const RULES_MAX_BYTES: usize = 64 * 1024;
+    const GRPC_MESSAGE_MAX_BYTES: usize = 4 * 1024 * 1024;
+    let xds = XdsServer::start(None).await;
+    xds.push(Snapshot::limit("1", "xds", "user", 2));
+    let server = subscribed(
+        &xds.url("http"),
+        &[("FLOODGATE_RULES_MAX_BYTES", &RULES_MAX_BYTES.to_string())],
+    );
+    xds.ack_of("1").await;
+    let idle = server.peak_rss();
+
+    // About 195,000 descriptors of 20 bytes each: just under the gRPC message limit, and
+    // some 400 times rules_max_bytes as rule text.
+    let huge = Snapshot::many("2", "xds", "id", 195_000);
+    let size = huge.encoded_len();
+    assert!(
+        (GRPC_MESSAGE_MAX_BYTES * 9 / 10..GRPC_MESSAGE_MAX_BYTES).contains(&size),
+        "{size}"
+    );
+    xds.push(huge);
+    let nack = xds.nack().await;
+    assert_eq!(nack.version_info, "1");
+    let message = nack.error_detail.expect("why").message;
+    assert!(
+        message.contains(&format!("rules_max_bytes ({RULES_MAX_BYTES})")),
+        "{message}"
+    );
+    assert_eq!(
+        allowed(&server, "user", "a", 3).await,
+        2,
+        "version 1 decides"
+    );
+    let peak = server.peak_rss();
+    assert!(
+        peak < idle + 4 * size as u64,
+        "peak RSS {peak} bytes, idle {idle}, for a {size}-byte snapshot"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_snapshot_of_few_rules_with_long_values_stops_at_rules_max_bytes_as_it_is_written() {
+    let xds = XdsServer::start(None).await;
+    xds.push(Snapshot::limit("1", "xds", "user", 2));
+    let server = subscribed(&xds.url("http"), &[("FLOODGATE_RULES_MAX_BYTES", "65536")]);
+    xds.ack_of("1").await;
+
+    // 100 descriptors, far fewer than 65536 bytes hold, but 1 MB of values.
+    let mut long = Snapshot::many("2", "xds", "id", 100);
+    for descriptor in &mut long.configs[0].descriptors {
+        descriptor.value.push_str(&"x".repeat(10_000));
+    }
+    xds.push(long);
+    let message = xds.nack().await.error_detail.expect("why").message;
+    assert!(
+        message.contains("pass rules_max_bytes (65536) as rule files")
+            && message.contains("resource 0 of 1 (\"xds-limits\")"),
+        "{message}"
+    );
+    assert_eq!(allowed(&server, "user", "a", 3).await, 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn after_the_server_restarts_floodgate_subscribes_again_naming_its_version() {
     let xds = XdsServer::start(None).await;
     let addr = xds.addr;

@@ -2,12 +2,18 @@
 //! would be, written as JSON (which YAML reads), so that a snapshot goes through exactly the
 //! loader, checks and errors that rule files do. One key per line, so a loader error's line
 //! points into the text that `/rlconfig`'s source names.
+//!
+//! The text is written straight from the decoded configuration, overlays merged in on the
+//! way, into the room `rules_max_bytes` leaves it: a snapshot too large stops where it passes
+//! the bound, having built nothing bigger than the bound allows (`bound.rs`).
 
-use serde_json::{Map, Value, json};
+use std::io;
 
-use super::overlay::Overlays;
+use serde::ser::{Serialize, SerializeMap, SerializeSeq, Serializer};
+
+use super::overlay::{Additions, DomainOverlays, Overlays};
 use crate::proto::ratelimit::config::ratelimit::v3::{
-    RateLimitConfig, RateLimitDescriptor, RateLimitPolicy, RateLimitUnit,
+    RateLimitConfig, RateLimitDescriptor, RateLimitPolicy, RateLimitReplace, RateLimitUnit,
 };
 
 /// A configuration as a rule file.
@@ -19,20 +25,35 @@ pub struct RuleSource {
     pub unused_overlays: Vec<String>,
 }
 
-/// The rule file of `config`, with `overlays` merged in.
-pub fn rule_source(config: &RateLimitConfig, overlays: &Overlays) -> RuleSource {
-    let mut document = Map::new();
-    document.insert("domain".into(), config.domain.clone().into());
-    let mut list = descriptors(&config.descriptors);
-    let unused_overlays = overlays.apply(&config.domain, &mut list);
-    if !config.descriptors.is_empty() {
-        document.insert("descriptors".into(), list);
-    }
-    RuleSource {
+/// The rule file would take more than the room it was given.
+#[derive(Debug, PartialEq, Eq)]
+pub struct OutOfRoom;
+
+/// The rule file of `config`, with `overlays` merged in, if it fits in `room` bytes.
+pub fn rule_source(
+    config: &RateLimitConfig,
+    overlays: &Overlays,
+    room: usize,
+) -> Result<RuleSource, OutOfRoom> {
+    let overlays = overlays.of_domain(&config.domain);
+    let mut text = Bounded {
+        text: Vec::new(),
+        room,
+    };
+    let file = File {
+        config,
+        overlays: &overlays,
+    };
+    // The writer's refusal is the only error: the document is strings, numbers and booleans
+    // under string keys.
+    (file.serialize(&mut serde_json::Serializer::pretty(&mut text))).map_err(|_| OutOfRoom)?;
+    Ok(RuleSource {
         name: source_name(&config.name),
-        text: pretty(&Value::Object(document)),
-        unused_overlays,
-    }
+        // serde_json writes UTF-8.
+        text: String::from_utf8(text.text)
+            .unwrap_or_else(|error| String::from_utf8_lossy(error.as_bytes()).into_owned()),
+        unused_overlays: overlays.unused(),
+    })
 }
 
 /// The name a configuration's rules are known by in errors and `/rlconfig`.
@@ -40,58 +61,180 @@ pub fn source_name(config_name: &str) -> String {
     format!("xds:{config_name}")
 }
 
-fn descriptors(list: &[RateLimitDescriptor]) -> Value {
-    Value::Array(list.iter().map(descriptor).collect())
+/// Text that refuses a write taking it past `room` bytes.
+struct Bounded {
+    text: Vec<u8>,
+    room: usize,
+}
+
+impl io::Write for Bounded {
+    fn write(&mut self, bytes: &[u8]) -> io::Result<usize> {
+        if bytes.len() > self.room - self.text.len() {
+            return Err(io::Error::other("out of room"));
+        }
+        self.text.extend_from_slice(bytes);
+        Ok(bytes.len())
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
+}
+
+/// The whole file: the domain and its descriptors.
+struct File<'a> {
+    config: &'a RateLimitConfig,
+    overlays: &'a DomainOverlays<'a>,
+}
+
+impl Serialize for File<'_> {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        let mut map = serializer.serialize_map(None)?;
+        map.serialize_entry("domain", &self.config.domain)?;
+        if !self.config.descriptors.is_empty() {
+            let top = Level {
+                list: &self.config.descriptors,
+                depth: 0,
+                candidates: self.overlays.all(),
+                overlays: self.overlays,
+            };
+            map.serialize_entry("descriptors", &top)?;
+        }
+        map.end()
+    }
+}
+
+/// The descriptors of one level, `depth` below the domain, with the overlays whose path
+/// leads there.
+struct Level<'a> {
+    list: &'a [RateLimitDescriptor],
+    depth: usize,
+    candidates: Vec<usize>,
+    overlays: &'a DomainOverlays<'a>,
+}
+
+impl Serialize for Level<'_> {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        let mut list = serializer.serialize_seq(None)?;
+        for descriptor in self.list {
+            let (additions, deeper) = self.overlays.at(&self.candidates, self.depth, descriptor);
+            list.serialize_element(&Descriptor {
+                descriptor,
+                additions,
+                children: Level {
+                    list: &descriptor.descriptors,
+                    depth: self.depth + 1,
+                    candidates: deeper,
+                    overlays: self.overlays,
+                },
+            })?;
+        }
+        list.end()
+    }
 }
 
 /// One descriptor with only the fields it sets: a field left at its protobuf default is a
 /// key the rule file leaves out, so it keeps the rule file's default.
-fn descriptor(descriptor: &RateLimitDescriptor) -> Value {
-    let mut out = Map::new();
-    out.insert("key".into(), descriptor.key.clone().into());
-    if !descriptor.value.is_empty() {
-        out.insert("value".into(), descriptor.value.clone().into());
-    }
-    if let Some(policy) = &descriptor.rate_limit {
-        out.insert("rate_limit".into(), rate_limit(policy));
-    }
-    let flags = [
-        ("shadow_mode", descriptor.shadow_mode),
-        ("detailed_metric", descriptor.detailed_metric),
-        ("quota_mode", descriptor.quota_mode),
-    ];
-    for (name, set) in flags {
-        if set {
-            out.insert(name.into(), true.into());
-        }
-    }
-    if !descriptor.descriptors.is_empty() {
-        out.insert("descriptors".into(), descriptors(&descriptor.descriptors));
-    }
-    Value::Object(out)
+struct Descriptor<'a> {
+    descriptor: &'a RateLimitDescriptor,
+    additions: Additions<'a>,
+    children: Level<'a>,
 }
 
-fn rate_limit(policy: &RateLimitPolicy) -> Value {
-    let mut out = Map::new();
-    if policy.unlimited {
-        out.insert("unlimited".into(), true.into());
-    } else {
-        // An unknown unit is left out, so the loader says the rule has none.
-        if let Some(unit) = unit_name(policy.unit) {
-            out.insert("unit".into(), unit.into());
+impl Serialize for Descriptor<'_> {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        let descriptor = self.descriptor;
+        let mut map = serializer.serialize_map(None)?;
+        map.serialize_entry("key", &descriptor.key)?;
+        if !descriptor.value.is_empty() {
+            map.serialize_entry("value", &descriptor.value)?;
         }
-        out.insert("requests_per_unit".into(), policy.requests_per_unit.into());
+        if let Some(policy) = &descriptor.rate_limit {
+            let limit = Limit {
+                policy,
+                additions: &self.additions,
+            };
+            map.serialize_entry("rate_limit", &limit)?;
+        }
+        let flags = [
+            ("shadow_mode", descriptor.shadow_mode),
+            ("detailed_metric", descriptor.detailed_metric),
+            ("quota_mode", descriptor.quota_mode),
+        ];
+        for (name, set) in flags {
+            if set {
+                map.serialize_entry(name, &true)?;
+            }
+        }
+        if let Some(policy) = self.additions.on_backend_error {
+            map.serialize_entry("on_backend_error", policy)?;
+        }
+        if !descriptor.descriptors.is_empty() {
+            map.serialize_entry("descriptors", &self.children)?;
+        }
+        map.end()
     }
-    if !policy.name.is_empty() {
-        out.insert("name".into(), policy.name.clone().into());
+}
+
+/// A descriptor's `rate_limit`, with what overlays add to it.
+struct Limit<'a> {
+    policy: &'a RateLimitPolicy,
+    additions: &'a Additions<'a>,
+}
+
+impl Serialize for Limit<'_> {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        let (policy, additions) = (self.policy, self.additions);
+        let mut map = serializer.serialize_map(None)?;
+        if policy.unlimited {
+            map.serialize_entry("unlimited", &true)?;
+        } else {
+            // An unknown unit is left out, so the loader says the rule has none.
+            if let Some(unit) = unit_name(policy.unit) {
+                map.serialize_entry("unit", unit)?;
+            }
+            map.serialize_entry("requests_per_unit", &policy.requests_per_unit)?;
+        }
+        if !policy.name.is_empty() {
+            map.serialize_entry("name", &policy.name)?;
+        }
+        if !policy.replaces.is_empty() {
+            map.serialize_entry("replaces", &Replaces(&policy.replaces))?;
+        }
+        if let Some(algorithm) = additions.algorithm {
+            map.serialize_entry("algorithm", algorithm)?;
+        }
+        if let Some(burst) = additions.burst {
+            map.serialize_entry("burst", &burst)?;
+        }
+        if let Some(multiplier) = additions.unit_multiplier {
+            map.serialize_entry("unit_multiplier", &multiplier)?;
+        }
+        if let Some(timezone) = additions.timezone {
+            map.serialize_entry("timezone", timezone)?;
+        }
+        map.end()
     }
-    if !policy.replaces.is_empty() {
-        let replaces = (policy.replaces.iter())
-            .map(|replace| json!({ "name": replace.name }))
-            .collect();
-        out.insert("replaces".into(), Value::Array(replaces));
+}
+
+/// `replaces`: a list of `{name: …}`.
+struct Replaces<'a>(&'a [RateLimitReplace]);
+
+impl Serialize for Replaces<'_> {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.collect_seq(self.0.iter().map(|replace| Named(&replace.name)))
     }
-    Value::Object(out)
+}
+
+/// One entry of `replaces`: `{name: …}`.
+struct Named<'a>(&'a str);
+
+impl Serialize for Named<'_> {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        let mut map = serializer.serialize_map(Some(1))?;
+        map.serialize_entry("name", self.0)?;
+        map.end()
+    }
 }
 
 /// The rule file's name of an xDS unit; `None` for UNKNOWN and numbers no unit has.
@@ -108,17 +251,11 @@ fn unit_name(unit: i32) -> Option<&'static str> {
     }
 }
 
-/// JSON with one key per line.
-fn pretty(value: &Value) -> String {
-    // Serializing a `Value` cannot fail: its map keys are strings.
-    serde_json::to_string_pretty(value).unwrap_or_default()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::proto::ratelimit::config::ratelimit::v3::RateLimitReplace;
     use crate::rules::RuleSet;
+    use crate::xds::bound::MIN_ITEM_TEXT_BYTES;
 
     fn policy(unit: RateLimitUnit, requests_per_unit: u32) -> Option<RateLimitPolicy> {
         Some(RateLimitPolicy {
@@ -129,7 +266,7 @@ mod tests {
     }
 
     fn load(config: &RateLimitConfig) -> Result<RuleSet, crate::rules::LoadErrors> {
-        let source = rule_source(config, &Overlays::default());
+        let source = rule_source(config, &Overlays::default(), usize::MAX).expect("fits");
         RuleSet::from_sources(&[(source.name, source.text)])
     }
 
@@ -221,12 +358,79 @@ mod tests {
             Some("\"quoted\"\n#not a comment")
         );
     }
+
+    fn text(config: &RateLimitConfig) -> String {
+        (rule_source(config, &Overlays::default(), usize::MAX).expect("fits")).text
+    }
+
+    #[test]
+    fn the_text_stops_where_it_would_pass_its_room() {
+        let config = RateLimitConfig {
+            name: "n".into(),
+            domain: "d".into(),
+            descriptors: vec![
+                RateLimitDescriptor {
+                    key: "k".into(),
+                    rate_limit: policy(RateLimitUnit::Second, 1),
+                    ..Default::default()
+                };
+                10
+            ],
+        };
+        let whole = text(&config).len();
+        assert!(rule_source(&config, &Overlays::default(), whole).is_ok());
+        let short = rule_source(&config, &Overlays::default(), whole - 1);
+        assert_eq!(short.err(), Some(OutOfRoom));
+    }
+
+    #[test]
+    fn every_descriptor_and_replaces_entry_takes_at_least_the_least_item_text() {
+        let empty = RateLimitDescriptor::default();
+        let one_replace = || RateLimitPolicy {
+            replaces: vec![RateLimitReplace::default()],
+            ..Default::default()
+        };
+        let config = |descriptors| RateLimitConfig {
+            descriptors,
+            ..Default::default()
+        };
+        let nested = |children| RateLimitDescriptor {
+            descriptors: children,
+            ..Default::default()
+        };
+        let with_policy = |policy: RateLimitPolicy| RateLimitDescriptor {
+            rate_limit: Some(policy),
+            ..Default::default()
+        };
+        let least = MIN_ITEM_TEXT_BYTES as usize;
+        let pairs = [
+            // A first descriptor, a second one, a nested one, a replaces entry.
+            (config(vec![]), config(vec![empty.clone()])),
+            (
+                config(vec![empty.clone()]),
+                config(vec![empty.clone(), empty.clone()]),
+            ),
+            (
+                config(vec![empty.clone()]),
+                config(vec![nested(vec![empty.clone()])]),
+            ),
+            (
+                config(vec![with_policy(RateLimitPolicy::default())]),
+                config(vec![with_policy(one_replace())]),
+            ),
+        ];
+        for (fewer, more) in pairs {
+            let (fewer, more) = (text(&fewer), text(&more));
+            assert!(more.len() >= fewer.len() + least, "{fewer}\n{more}");
+        }
+    }
 }
 
 #[cfg(test)]
 mod overlaid {
     use super::*;
     use crate::rules::RuleSet;
+    use serde_json::Value;
 
     #[test]
     fn an_overlay_gives_an_xds_rule_floodgates_algorithm_and_a_bad_one_fails_the_load() {
@@ -243,11 +447,10 @@ mod overlaid {
                 ..Default::default()
             }],
         };
-        let overlays = |text: &str| -> Overlays { toml::from_str(text).expect("overlays") };
         let good = overlays(
             "[[overlay]]\ndomain = 'api'\npath = ['user']\nalgorithm = 'token_bucket'\nburst = 5\n",
         );
-        let source = rule_source(&config, &good);
+        let source = rule_source(&config, &good, usize::MAX).expect("fits");
         let rules = RuleSet::from_sources(&[(source.name, source.text)]).expect("loads");
         assert!(
             rules.dump().contains("algorithm=token_bucket, burst=5"),
@@ -256,9 +459,84 @@ mod overlaid {
         );
 
         let bad = overlays("[[overlay]]\ndomain = 'api'\npath = ['user']\nburst = 5\n");
-        let source = rule_source(&config, &bad);
+        let source = rule_source(&config, &bad, usize::MAX).expect("fits");
         let error = RuleSet::from_sources(&[(source.name, source.text)])
             .expect_err("a burst on a fixed window");
         assert!(error.to_string().contains("xds:api"), "{error}");
+    }
+
+    fn overlays(text: &str) -> Overlays {
+        toml::from_str(text).expect("overlays")
+    }
+
+    fn limited(key: &str, value: &str, children: Vec<RateLimitDescriptor>) -> RateLimitDescriptor {
+        RateLimitDescriptor {
+            key: key.into(),
+            value: value.into(),
+            rate_limit: Some(RateLimitPolicy {
+                unit: RateLimitUnit::Minute as i32,
+                requests_per_unit: 9,
+                ..Default::default()
+            }),
+            descriptors: children,
+            ..Default::default()
+        }
+    }
+
+    fn written(descriptors: Vec<RateLimitDescriptor>, overlays: &Overlays) -> (Value, Vec<String>) {
+        let config = RateLimitConfig {
+            name: "api".into(),
+            domain: "api".into(),
+            descriptors,
+        };
+        let source = rule_source(&config, overlays, usize::MAX).expect("fits");
+        let document = serde_json::from_str(&source.text).expect("JSON");
+        (document, source.unused_overlays)
+    }
+
+    #[test]
+    fn an_overlay_extends_the_limit_and_policy_of_the_descriptor_it_names() {
+        let descriptors = vec![
+            limited("user", "", vec![limited("path", "/v1", vec![])]),
+            limited("path", "/v1", vec![]),
+        ];
+        let (document, unused) = written(
+            descriptors,
+            &overlays(
+                "[[overlay]]\ndomain = 'api'\npath = ['user', 'path=/v1']\nalgorithm = 'gcra'\n\
+                 burst = 20\non_backend_error = 'local'\n",
+            ),
+        );
+        assert!(unused.is_empty(), "{unused:?}");
+        let nested = &document["descriptors"][0]["descriptors"][0];
+        assert_eq!(nested["rate_limit"]["algorithm"], "gcra");
+        assert_eq!(nested["rate_limit"]["burst"], 20);
+        assert_eq!(nested["on_backend_error"], "local");
+        let others = [&document["descriptors"][0], &document["descriptors"][1]];
+        for other in others {
+            assert_eq!(
+                other["rate_limit"].get("algorithm"),
+                None,
+                "only the one named"
+            );
+        }
+    }
+
+    #[test]
+    fn an_overlay_that_names_nothing_or_no_limit_is_reported_and_changes_nothing() {
+        let bare = RateLimitDescriptor {
+            key: "user".into(),
+            ..Default::default()
+        };
+        let overlays = overlays(
+            "[[overlay]]\ndomain = 'api'\npath = ['nobody']\nburst = 2\n\
+             [[overlay]]\ndomain = 'api'\npath = ['user']\nburst = 2\n\
+             [[overlay]]\ndomain = 'other'\npath = ['user']\nburst = 2\n",
+        );
+        let (document, unused) = written(vec![bare.clone()], &overlays);
+        assert_eq!(document, written(vec![bare], &Overlays::default()).0);
+        assert_eq!(unused.len(), 2, "{unused:?}");
+        assert!(unused[0].contains("no such descriptor"), "{unused:?}");
+        assert!(unused[1].contains("no rate_limit"), "{unused:?}");
     }
 }

@@ -10,6 +10,10 @@
 //! version still in force, the nonce, and the loader's errors in `error_detail`) and the
 //! rules in force stay.
 //!
+//! **A snapshot is bounded before it is expanded** (`bound.rs`): its message by size, its
+//! descriptors by count before they are decoded, its rule text as it is written; a snapshot
+//! past `rules_max_bytes` is NACKed saying how far it got.
+//!
 //! **The stream is kept.** A connection that fails, or a stream the server ends, is opened
 //! again after a pause that starts at `retry_initial_ms`, doubles up to `retry_max_ms` and
 //! is jittered, so replicas do not return in step; a stream that delivered a snapshot
@@ -27,10 +31,12 @@
 //! `start_without_initial_config` is set: then floodgate serves at once with no rules (every
 //! request OK, nothing counted) until one arrives.
 
+mod bound;
 mod connect;
 pub mod convert;
 pub mod overlay;
 
+use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -43,9 +49,10 @@ use crate::proto::envoy::service::discovery::v3::aggregated_discovery_service_cl
 use crate::proto::envoy::service::discovery::v3::{DiscoveryRequest, DiscoveryResponse};
 use crate::proto::google::rpc::Status;
 use crate::proto::ratelimit::config::ratelimit::v3::RateLimitConfig;
-use crate::rules::{Origin, RuleSet};
+use crate::rules::{LoadErrors, Origin, RuleSet};
 use crate::service::RateLimiter;
 use crate::settings::XdsSettings;
+use bound::ItemCount;
 use overlay::Overlays;
 
 pub use connect::XdsError;
@@ -148,7 +155,8 @@ impl Subscription {
     /// ends; `delivered` tells whether it brought a snapshot, whichever way it ended.
     async fn session(&mut self, delivered: &mut bool) -> Result<(), XdsError> {
         let channel = connect::endpoint(&self.settings).await?.connect().await?;
-        let mut client = AggregatedDiscoveryServiceClient::new(channel);
+        let mut client = AggregatedDiscoveryServiceClient::new(channel)
+            .max_decoding_message_size(bound::MAX_MESSAGE_BYTES);
         let (requests, outgoing) = mpsc::channel(4);
         let outgoing = futures_util::stream::unfold(outgoing, |mut outgoing| async move {
             outgoing.recv().await.map(|request| (request, outgoing))
@@ -205,6 +213,9 @@ impl Subscription {
         Ok(())
     }
 
+    /// The rule set `response` describes. Each bound is checked before the step that would
+    /// expand past it (`bound.rs`): the items of a configuration before it is decoded, its
+    /// rule text as it is written.
     fn load(&self, response: &DiscoveryResponse) -> Result<RuleSet, String> {
         if response.type_url != TYPE_URL {
             return Err(format!(
@@ -212,6 +223,11 @@ impl Subscription {
                 response.type_url
             ));
         }
+        let resources = response.resources.len();
+        let mut items = ItemCount::new(self.max_bytes);
+        let max_bytes = usize::try_from(self.max_bytes).unwrap_or(usize::MAX);
+        let mut written = 0;
+        let mut names = HashSet::new();
         let mut sources: Vec<(String, String)> = Vec::new();
         for (index, resource) in response.resources.iter().enumerate() {
             if resource.type_url != TYPE_URL {
@@ -220,26 +236,30 @@ impl Subscription {
                     resource.type_url
                 ));
             }
+            items
+                .count(index, &resource.value)
+                .map_err(|error| error.to_string())?;
             let config = RateLimitConfig::decode(&resource.value[..])
                 .map_err(|error| format!("resource {index} does not decode: {error}"))?;
-            let source = convert::rule_source(&config, &self.overlays);
-            if sources.iter().any(|(known, _)| *known == source.name) {
+            let room = max_bytes.saturating_sub(written);
+            let source = convert::rule_source(&config, &self.overlays, room).map_err(|_| {
+                format!(
+                    "the snapshot's rules pass rules_max_bytes ({max_bytes}) as rule files: \
+                     {written} bytes before resource {index} of {resources} ({:?}), which does \
+                     not fit in the {room} left; raise the setting or send fewer rules",
+                    config.name
+                )
+            })?;
+            if !names.insert(source.name.clone()) {
                 return Err(format!("two configurations are named {:?}", config.name));
             }
             for unused in &source.unused_overlays {
                 tracing::warn!("{unused}");
             }
+            written += source.text.len();
             sources.push((source.name, source.text));
         }
-        let bytes: u64 = sources.iter().map(|(_, text)| text.len() as u64).sum();
-        if bytes > self.max_bytes {
-            return Err(format!(
-                "the snapshot's rules take {bytes} bytes as rule files, over rules_max_bytes \
-                 ({})",
-                self.max_bytes
-            ));
-        }
-        let mut rules = RuleSet::from_sources(&sources).map_err(|errors| errors.to_string())?;
+        let mut rules = RuleSet::from_sources(&sources).map_err(|errors| nack_message(&errors))?;
         rules.origin = Origin::Xds {
             server: self.settings.server_url.clone(),
             version: response.version_info.clone(),
@@ -265,5 +285,74 @@ impl Subscription {
             response_nonce: nonce,
             error_detail,
         }
+    }
+}
+
+/// The most of a NACK's message: the loader's first errors, enough to act on, and far inside
+/// what a management server takes in one message (the log line says the same).
+const NACK_MESSAGE_MAX_BYTES: usize = 16 * 1024;
+
+/// `errors`, one a line, as many as fit in [`NACK_MESSAGE_MAX_BYTES`], then how many more.
+fn nack_message(errors: &LoadErrors) -> String {
+    let mut message = String::new();
+    for (shown, error) in errors.0.iter().enumerate() {
+        let line = error.to_string();
+        let room = NACK_MESSAGE_MAX_BYTES.saturating_sub(message.len());
+        if line.len() > room && shown > 0 {
+            let more = errors.0.len() - shown;
+            message.push_str(&format!("\n… and {more} more errors"));
+            break;
+        }
+        if shown > 0 {
+            message.push('\n');
+        }
+        // The first error alone is cut short if it must be (a value the size of a message).
+        let mut end = line.len().min(room.max(1));
+        while !line.is_char_boundary(end) {
+            end -= 1;
+        }
+        message.push_str(&line[..end]);
+    }
+    message
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::rules::LoadError;
+
+    fn errors(count: usize, message: &str) -> LoadErrors {
+        let error = LoadError {
+            file: "xds:n".into(),
+            line: 3,
+            rule: "domain d > k".into(),
+            message: message.into(),
+        };
+        LoadErrors(vec![error; count])
+    }
+
+    #[test]
+    fn a_nack_names_the_first_errors_and_counts_the_rest() {
+        let message = nack_message(&errors(10_000, "no unit"));
+        assert!(
+            message.len() <= NACK_MESSAGE_MAX_BYTES + 64,
+            "{}",
+            message.len()
+        );
+        assert!(
+            message.starts_with("xds:n:3: domain d > k: no unit\n"),
+            "{message}"
+        );
+        assert!(message.ends_with(" more errors"), "{message}");
+        assert_eq!(
+            nack_message(&errors(2, "no unit")),
+            errors(2, "no unit").to_string()
+        );
+    }
+
+    #[test]
+    fn a_first_error_larger_than_a_nack_is_cut_short() {
+        let message = nack_message(&errors(1, &"é".repeat(NACK_MESSAGE_MAX_BYTES)));
+        assert!(message.len() <= NACK_MESSAGE_MAX_BYTES, "{}", message.len());
     }
 }

@@ -20,10 +20,12 @@
 
 use std::path::Path;
 
+use std::cell::Cell;
+
 use serde::Deserialize;
-use serde_json::{Map, Value};
 
 use crate::files::{self, FileError};
+use crate::proto::ratelimit::config::ratelimit::v3::RateLimitDescriptor;
 
 /// The overlays of one file.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
@@ -69,120 +71,132 @@ impl Overlays {
         toml::from_str(text).map_err(|error| format!("{}: {error}", path.display()))
     }
 
-    /// Adds the overlays of `domain` to `descriptors` (a rule file's `descriptors` list);
-    /// what could not be applied, each saying why.
-    pub fn apply(&self, domain: &str, descriptors: &mut Value) -> Vec<String> {
-        let mut unused = Vec::new();
-        for overlay in self.entries.iter().filter(|o| o.domain == domain) {
-            let place = format!("overlay {} > {}", overlay.domain, overlay.path.join(" > "));
-            match find(descriptors, &overlay.path) {
-                None => unused.push(format!("{place}: no such descriptor in the snapshot")),
-                Some(node) => {
-                    if let Err(why) = overlay.merge(node) {
-                        unused.push(format!("{place}: {why}"));
-                    }
-                }
+    /// The overlays of `domain`, to merge into its descriptors as they are written.
+    pub fn of_domain(&self, domain: &str) -> DomainOverlays<'_> {
+        let entries: Vec<&Overlay> = (self.entries.iter())
+            .filter(|overlay| overlay.domain == domain)
+            .collect();
+        let outcomes = entries
+            .iter()
+            .map(|_| Cell::new(Outcome::Unmatched))
+            .collect();
+        DomainOverlays { entries, outcomes }
+    }
+}
+
+/// The overlays of one domain while its descriptors are written: what each descriptor gets,
+/// and which overlays changed nothing.
+pub struct DomainOverlays<'o> {
+    entries: Vec<&'o Overlay>,
+    /// What became of each entry so far.
+    outcomes: Vec<Cell<Outcome>>,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Outcome {
+    Unmatched,
+    /// It names a descriptor without a `rate_limit` and has limit fields to add.
+    NoLimit,
+    Applied,
+}
+
+/// What the overlays naming one descriptor add to it, a later overlay's field winning.
+#[derive(Default)]
+pub struct Additions<'o> {
+    pub algorithm: Option<&'o str>,
+    pub burst: Option<u64>,
+    pub unit_multiplier: Option<u64>,
+    pub timezone: Option<&'o str>,
+    pub on_backend_error: Option<&'o str>,
+}
+
+impl<'o> DomainOverlays<'o> {
+    /// Every overlay of the domain: those whose path may lead from the domain's top level.
+    pub fn all(&self) -> Vec<usize> {
+        (0..self.entries.len()).collect()
+    }
+
+    /// Of `candidates` (overlays whose path leads to this level, `depth` below the domain),
+    /// what those naming `descriptor` add to it, and those whose path goes on below it.
+    pub fn at(
+        &self,
+        candidates: &[usize],
+        depth: usize,
+        descriptor: &RateLimitDescriptor,
+    ) -> (Additions<'o>, Vec<usize>) {
+        let mut additions = Additions::default();
+        let mut deeper = Vec::new();
+        for &index in candidates {
+            let overlay = self.entries[index];
+            if !(overlay.path.get(depth)).is_some_and(|step| names(step, descriptor)) {
+                continue;
+            }
+            if overlay.path.len() > depth + 1 {
+                deeper.push(index);
+                continue;
+            }
+            let outcome = if descriptor.rate_limit.is_none() && overlay.has_limit_fields() {
+                Outcome::NoLimit
+            } else {
+                overlay.add_to(&mut additions);
+                Outcome::Applied
+            };
+            // One descriptor it applied to is enough, whatever a duplicate of it had.
+            if self.outcomes[index].get() != Outcome::Applied {
+                self.outcomes[index].set(outcome);
             }
         }
-        unused
+        (additions, deeper)
+    }
+
+    /// The overlays that changed nothing, each saying why.
+    pub fn unused(&self) -> Vec<String> {
+        (self.entries.iter().zip(&self.outcomes))
+            .filter_map(|(overlay, outcome)| {
+                let why = match outcome.get() {
+                    Outcome::Applied => return None,
+                    Outcome::Unmatched => "no such descriptor in the snapshot",
+                    Outcome::NoLimit => "the descriptor has no rate_limit to extend",
+                };
+                let path = overlay.path.join(" > ");
+                Some(format!("overlay {} > {path}: {why}", overlay.domain))
+            })
+            .collect()
     }
 }
 
 impl Overlay {
-    fn merge(&self, node: &mut Map<String, Value>) -> Result<(), &'static str> {
-        let limit_fields = [
-            ("algorithm", self.algorithm.clone().map(Value::from)),
-            ("burst", self.burst.map(Value::from)),
-            ("unit_multiplier", self.unit_multiplier.map(Value::from)),
-            ("timezone", self.timezone.clone().map(Value::from)),
-        ];
-        let has_limit_fields = limit_fields.iter().any(|(_, value)| value.is_some());
-        match node.get_mut("rate_limit").and_then(Value::as_object_mut) {
-            Some(limit) => {
-                for (name, value) in limit_fields {
-                    if let Some(value) = value {
-                        limit.insert(name.into(), value);
-                    }
-                }
-            }
-            None if has_limit_fields => return Err("the descriptor has no rate_limit to extend"),
-            None => {}
-        }
-        if let Some(policy) = &self.on_backend_error {
-            node.insert("on_backend_error".into(), policy.clone().into());
-        }
-        Ok(())
+    fn has_limit_fields(&self) -> bool {
+        self.algorithm.is_some()
+            || self.burst.is_some()
+            || self.unit_multiplier.is_some()
+            || self.timezone.is_some()
+    }
+
+    fn add_to<'o>(&'o self, additions: &mut Additions<'o>) {
+        let or = |mine: Option<&'o String>, before| mine.map(String::as_str).or(before);
+        additions.algorithm = or(self.algorithm.as_ref(), additions.algorithm);
+        additions.burst = self.burst.or(additions.burst);
+        additions.unit_multiplier = self.unit_multiplier.or(additions.unit_multiplier);
+        additions.timezone = or(self.timezone.as_ref(), additions.timezone);
+        additions.on_backend_error = or(self.on_backend_error.as_ref(), additions.on_backend_error);
     }
 }
 
-/// The descriptor at `path` in `descriptors`: at each level the entry with that key and
-/// value (`key` alone: the key-only entry, with no value).
-fn find<'v>(descriptors: &'v mut Value, path: &[String]) -> Option<&'v mut Map<String, Value>> {
-    let (first, rest) = path.split_first()?;
-    let (key, value) = match first.split_once('=') {
-        Some((key, value)) => (key, Some(value)),
-        None => (first.as_str(), None),
-    };
-    let node = descriptors.as_array_mut()?.iter_mut().find_map(|entry| {
-        let entry = entry.as_object_mut()?;
-        let matches = entry.get("key").and_then(Value::as_str) == Some(key)
-            && entry.get("value").and_then(Value::as_str) == value;
-        matches.then_some(entry)
-    })?;
-    if rest.is_empty() {
-        return Some(node);
+/// Whether a step of an overlay's path names `descriptor`: `key=value` the entry with that
+/// key and value, `key` alone the key-only entry, with no value.
+fn names(step: &str, descriptor: &RateLimitDescriptor) -> bool {
+    match step.split_once('=') {
+        Some((key, value)) => {
+            descriptor.key == key && !value.is_empty() && descriptor.value == value
+        }
+        None => descriptor.key == step && descriptor.value.is_empty(),
     }
-    find(node.get_mut("descriptors")?, rest)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use serde_json::json;
-
-    fn overlays(text: &str) -> Overlays {
-        toml::from_str(text).expect("overlays")
-    }
-
-    #[test]
-    fn an_overlay_extends_the_limit_and_policy_of_the_descriptor_it_names() {
-        let mut descriptors = json!([
-            {"key": "user", "rate_limit": {"unit": "second", "requests_per_unit": 5},
-             "descriptors": [{"key": "path", "value": "/v1", "rate_limit": {"unit": "minute", "requests_per_unit": 9}}]},
-            {"key": "path", "value": "/v1", "rate_limit": {"unit": "minute", "requests_per_unit": 1}}
-        ]);
-        let unused = overlays(
-            "[[overlay]]\ndomain = 'api'\npath = ['user', 'path=/v1']\nalgorithm = 'gcra'\n\
-             burst = 20\non_backend_error = 'local'\n",
-        )
-        .apply("api", &mut descriptors);
-        assert!(unused.is_empty(), "{unused:?}");
-        let nested = &descriptors[0]["descriptors"][0];
-        assert_eq!(nested["rate_limit"]["algorithm"], "gcra");
-        assert_eq!(nested["rate_limit"]["burst"], 20);
-        assert_eq!(nested["on_backend_error"], "local");
-        assert_eq!(
-            descriptors[1]["rate_limit"].get("algorithm"),
-            None,
-            "only the one named"
-        );
-    }
-
-    #[test]
-    fn an_overlay_that_names_nothing_or_no_limit_is_reported_and_changes_nothing() {
-        let mut descriptors = json!([{"key": "user"}]);
-        let before = descriptors.clone();
-        let unused = overlays(
-            "[[overlay]]\ndomain = 'api'\npath = ['nobody']\nburst = 2\n\
-             [[overlay]]\ndomain = 'api'\npath = ['user']\nburst = 2\n\
-             [[overlay]]\ndomain = 'other'\npath = ['user']\nburst = 2\n",
-        )
-        .apply("api", &mut descriptors);
-        assert_eq!(descriptors, before);
-        assert_eq!(unused.len(), 2, "{unused:?}");
-        assert!(unused[0].contains("no such descriptor"), "{unused:?}");
-        assert!(unused[1].contains("no rate_limit"), "{unused:?}");
-    }
 
     #[test]
     fn the_example_overlays_file_reads() {

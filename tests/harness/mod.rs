@@ -193,6 +193,18 @@ impl Floodgate {
         self.child.id()
     }
 
+    /// The most memory the process has held so far (`VmHWM`, its peak resident set), in bytes.
+    pub fn peak_rss(&self) -> u64 {
+        let status = std::fs::read_to_string(format!("/proc/{}/status", self.pid()))
+            .expect("the process' status");
+        let kib: u64 = (status.lines())
+            .find_map(|line| line.strip_prefix("VmHWM:"))
+            .and_then(|value| value.trim().strip_suffix("kB"))
+            .and_then(|kib| kib.trim().parse().ok())
+            .unwrap_or_else(|| panic!("no VmHWM in {status}"));
+        kib * 1024
+    }
+
     pub async fn client(&self) -> RateLimitServiceClient<Channel> {
         RateLimitServiceClient::connect(format!("http://{}", self.grpc_addr))
             .await

@@ -41,6 +41,29 @@ impl Snapshot {
             configs: vec![config(domain, key, Some(RateLimitUnit::Minute), per_minute)],
         }
     }
+
+    /// One configuration for `domain` with `count` small descriptors, `key` with the values
+    /// `000000`, `000001`, …, each limited to 1 a minute: a snapshot many times larger as
+    /// rule text than on the wire.
+    pub fn many(version: &str, domain: &str, key: &str, count: usize) -> Snapshot {
+        let mut config = config(domain, key, Some(RateLimitUnit::Minute), 1);
+        let template = config.descriptors.remove(0);
+        config.descriptors = (0..count)
+            .map(|n| RateLimitDescriptor {
+                value: format!("{n:06}"),
+                ..template.clone()
+            })
+            .collect();
+        Snapshot {
+            version: version.into(),
+            configs: vec![config],
+        }
+    }
+
+    /// The bytes of the gRPC message that carries it.
+    pub fn encoded_len(&self) -> usize {
+        response(self, 0).encoded_len()
+    }
 }
 
 /// A configuration named after `domain` with one descriptor `key` (its unit `None`:
