@@ -230,7 +230,9 @@ pub struct Settings {
     /// Milliseconds between looks at the rules directory for changes (0: only on SIGHUP).
     pub rules_reload_interval_ms: u64,
     /// The most bytes the rule files may hold together; a reload past it is rejected and the
-    /// rules in force are kept (a load briefly holds about 60 times what it parses).
+    /// rules in force are kept (a load briefly holds about 60 times what it parses). An xDS
+    /// snapshot is held to it as rule text while it is converted, and to a sixteenth of it
+    /// in descriptors and `replaces` entries before that (`xds/bound.rs`).
     pub rules_max_bytes: u64,
     pub xds: XdsSettings,
     pub backend: BackendKind,
