@@ -547,3 +547,60 @@ async fn counters_past_memory_max_counters_evict_and_say_so() {
     let response = client.should_rate_limit(last).await.expect("decision");
     assert_eq!(response.get_ref().statuses[0].limit_remaining, 4);
 }
+
+/// A wildcard with `share_threshold` is one series under its pattern, as upstream labels it:
+/// the pattern wins over `value_to_metric` on its level and over a child's
+/// `detailed_metric` there (the child's own level still carries its value).
+#[tokio::test]
+async fn a_shared_wildcard_is_one_series_under_its_pattern() {
+    const SHARED: &str = r#"
+domain: shared
+descriptors:
+  - key: route
+    value: "api/*"
+    share_threshold: true
+    value_to_metric: true
+    descriptors:
+      - key: method
+        rate_limit: {unit: minute, requests_per_unit: 60}
+  - key: service
+    value: "svc/*"
+    share_threshold: true
+    descriptors:
+      - key: endpoint
+        detailed_metric: true
+        rate_limit: {unit: minute, requests_per_unit: 60}
+"#;
+    let server = Floodgate::start(&[("shared.yaml", SHARED)], &[]);
+    for route in ["api/v1", "api/v2"] {
+        let ask = request(
+            "shared",
+            vec![descriptor(&[("route", route), ("method", "GET")])],
+        );
+        send(&server, &ask, 1).await;
+    }
+    for service in ["svc/user", "svc/order"] {
+        let ask = request(
+            "shared",
+            vec![descriptor(&[("service", service), ("endpoint", "get")])],
+        );
+        send(&server, &ask, 1).await;
+    }
+    let page = scrape(&server).await;
+    let total = "ratelimit_service_rate_limit_total_hits";
+    let series: BTreeSet<Labels> = page.series(total).into_iter().collect();
+    let route = [
+        ("domain", "shared"),
+        ("key1", "route_api/*"),
+        ("key2", "method"),
+    ];
+    let service = [
+        ("domain", "shared"),
+        ("key1", "service_svc/*"),
+        ("key2", "endpoint_get"),
+    ];
+    let expected: BTreeSet<Labels> = [labels_of(&route), labels_of(&service)].into();
+    assert_eq!(series, expected);
+    assert_eq!(page.get(total, &route) as u64, 2);
+    assert_eq!(page.get(total, &service) as u64, 2);
+}

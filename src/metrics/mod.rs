@@ -28,7 +28,7 @@ use rule_stats::{RuleRegistry, SeriesLabels};
 use crate::backend::{Backend, BackendError, MemoryBackend};
 use crate::limiter::Decision;
 use crate::proto::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry;
-use crate::rules::{Origin, Rule};
+use crate::rules::{MetricLevel, Origin, Rule};
 
 /// Everything the service counts, one per [`RateLimiter`](crate::service::RateLimiter).
 #[derive(Debug)]
@@ -86,8 +86,7 @@ impl Metrics {
             }
             return;
         };
-        let labelled =
-            rule.detailed_metric || (rule.metric_levels.iter()).any(|level| level.value_to_metric);
+        let labelled = (rule.metric_levels.iter()).any(|level| labels_value(rule, level));
         if labelled && let Some(stats) = self.request_labelled(domain, rule, entries) {
             stats.record(hits, judged, ratio);
             return;
@@ -108,7 +107,7 @@ impl Metrics {
         let path = (rule.metric_levels.iter())
             .zip(entries)
             .map(|(level, entry)| {
-                if (rule.detailed_metric || level.value_to_metric) && !entry.value.is_empty() {
+                if labels_value(rule, level) && !entry.value.is_empty() {
                     format!("{}_{}", entry.key, entry.value)
                 } else {
                     level.segment.clone()
@@ -337,6 +336,13 @@ fn render_memory(page: &mut Exposition, memory: &MemoryBackend) {
 }
 
 /// The labels of a configured rule's series: its domain and its path's segments.
+/// Whether `level` of `rule` is labelled with the request's value rather than the rule's
+/// segment: under `detailed_metric` or `value_to_metric`, unless the level shares its
+/// counter (`share_threshold`), whose series is the pattern's.
+fn labels_value(rule: &Rule, level: &MetricLevel) -> bool {
+    (rule.detailed_metric || level.value_to_metric) && !level.shared
+}
+
 fn configured_labels(domain: &str, rule: &Rule) -> SeriesLabels {
     let path = (rule.metric_levels.iter())
         .map(|level| level.segment.clone())

@@ -124,6 +124,7 @@ fn read_descriptor(
     metric_levels.push(MetricLevel {
         segment,
         value_to_metric: options.value_to_metric,
+        shared: options.share_threshold,
     });
     let configured = limits::read(
         reader,

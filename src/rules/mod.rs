@@ -126,6 +126,9 @@ pub struct MetricLevel {
     pub segment: String,
     /// The level's `value_to_metric`: label it with the request's value instead.
     pub value_to_metric: bool,
+    /// The level's `share_threshold`: its values share one counter, and one series under
+    /// the pattern, whatever `value_to_metric` or `detailed_metric` say (as upstream).
+    pub shared: bool,
 }
 
 /// One `descriptors:` entry: a key, an optional value (exact or wildcard), an optional rule
