@@ -604,3 +604,52 @@ descriptors:
     assert_eq!(page.get(total, &route) as u64, 2);
     assert_eq!(page.get(total, &service) as u64, 2);
 }
+
+/// A request's limit override is labelled by its own entries, values included, as upstream
+/// keys it, and never counts in the series of a configured rule on the same keys.
+#[tokio::test]
+async fn an_override_is_labelled_by_its_entries_and_values() {
+    use floodgate::proto::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::RateLimitOverride;
+    use floodgate::proto::envoy::r#type::v3::RateLimitUnit;
+
+    const CONFIGURED: &str = "
+domain: ov
+descriptors:
+  - key: key1
+    descriptors:
+      - key: subkey1
+        rate_limit: {unit: minute, requests_per_unit: 60}
+";
+    let server = Floodgate::start(&[("ov.yaml", CONFIGURED)], &[]);
+    let configured = request(
+        "ov",
+        vec![descriptor(&[("key1", "value1"), ("subkey1", "x")])],
+    );
+    send(&server, &configured, 1).await;
+    let mut overridden = request(
+        "ov",
+        vec![descriptor(&[("key1", "value1"), ("subkey1", "something")])],
+    );
+    overridden.descriptors[0].limit = Some(RateLimitOverride {
+        requests_per_unit: 10,
+        unit: RateLimitUnit::Minute as i32,
+        unit_multiplier: None,
+    });
+    send(&server, &overridden, 2).await;
+
+    let page = scrape(&server).await;
+    let total = "ratelimit_service_rate_limit_total_hits";
+    let rule = [("domain", "ov"), ("key1", "key1"), ("key2", "subkey1")];
+    let override_series = [
+        ("domain", "ov"),
+        ("key1", "key1_value1"),
+        ("key2", "subkey1_something"),
+    ];
+    let series: BTreeSet<Labels> = page.series(total).into_iter().collect();
+    assert_eq!(
+        series,
+        [labels_of(&rule), labels_of(&override_series)].into()
+    );
+    assert_eq!(page.get(total, &rule) as u64, 1);
+    assert_eq!(page.get(total, &override_series) as u64, 2);
+}

@@ -80,8 +80,15 @@ impl Metrics {
     ) {
         let ratio = self.near_limit_ratio;
         let Some(rule) = rule else {
-            let keys = entries.iter().map(|entry| entry.key.clone()).collect();
-            if let Some(stats) = self.rules.request_labelled((domain.to_owned(), keys)) {
+            // An override is labelled by its own entries, values included, as upstream keys
+            // it (`key1_value1.subkey1_something`): never the series of a configured rule.
+            let path = (entries.iter())
+                .map(|entry| match entry.value.as_str() {
+                    "" => entry.key.clone(),
+                    value => format!("{}_{value}", entry.key),
+                })
+                .collect();
+            if let Some(stats) = self.rules.request_labelled((domain.to_owned(), path)) {
                 stats.record(hits, judged, ratio);
             }
             return;
