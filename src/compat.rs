@@ -150,7 +150,9 @@ impl<'a> Translator<'a> {
                 )));
             }
         }
-        self.ignore("MERGE_DOMAIN_CONFIG", "a domain in two files is an error");
+        if self.flag("MERGE_DOMAIN_CONFIG")? {
+            self.set("merge_domain_config", "true");
+        }
         Ok(())
     }
 
@@ -491,6 +493,19 @@ mod tests {
             let refused = translate(&env(&[("TRACING_ENABLED", "1"), (name, value)]));
             assert!(refused.unwrap_err().0.contains(name), "{name}={value}");
         }
+    }
+
+    #[test]
+    fn merge_domain_config_merges_the_files_of_a_domain() {
+        let off = translate(&env(&[])).expect("translates");
+        assert_eq!(value(&off, "FLOODGATE_MERGE_DOMAIN_CONFIG"), None);
+        let on = translate(&env(&[("MERGE_DOMAIN_CONFIG", "true")])).expect("translates");
+        assert_eq!(value(&on, "FLOODGATE_MERGE_DOMAIN_CONFIG"), Some("true"));
+        assert!(
+            on.ignored
+                .iter()
+                .all(|why| !why.contains("MERGE_DOMAIN_CONFIG"))
+        );
     }
 
     #[test]

@@ -54,6 +54,9 @@ enum Command {
         /// The most bytes the rule files may hold together, as the server's setting.
         #[arg(long, env = "FLOODGATE_RULES_MAX_BYTES", default_value_t = DEFAULT_RULES_MAX_BYTES)]
         rules_max_bytes: u64,
+        /// Merge the files of one domain, as the server's setting.
+        #[arg(long, env = "FLOODGATE_MERGE_DOMAIN_CONFIG")]
+        merge_domain_config: bool,
     },
     /// Ask a running server for one decision and print it; exit 0 when allowed, 3 when over
     /// limit, 1 without a decision (2 is a usage error).
@@ -82,6 +85,7 @@ More settings have no flag: set them in the --config file (TOML) or as FLOODGATE
   rules_source = \"xds\", xds.{server_url,node_id,node_cluster,ca_file,cert_file,key_file,
     server_name,overlays_file,...}     rules over xDS
   rules_max_bytes                      the most bytes of rules (files or an xDS snapshot)
+  merge_domain_config                  rule files of one domain add up instead of clashing
   redis_username, redis_password, redis_tls_ca_file, redis_tls_cert_file,
     redis_tls_key_file, redis_pool_size, redis_connect_timeout_ms,
     redis_command_timeout_ms, redis_key_prefix, redis_breaker_failures,
@@ -203,7 +207,8 @@ fn main() -> ExitCode {
         Command::CheckConfig {
             dir,
             rules_max_bytes,
-        } => return check_config(&dir, rules_max_bytes),
+            merge_domain_config,
+        } => return check_config(&dir, rules_max_bytes, merge_domain_config),
         Command::Query(args) => {
             return runtime()
                 .and_then(|rt| rt.block_on(query::run(args)))
@@ -268,8 +273,11 @@ fn init_logging(format: LogFormat, default: &str) {
     }
 }
 
-fn check_config(dir: &std::path::Path, max_bytes: u64) -> ExitCode {
-    match RuleSet::load_dir(dir, max_bytes) {
+fn check_config(dir: &std::path::Path, max_bytes: u64, merge_domains: bool) -> ExitCode {
+    match RuleFiles::read(dir, max_bytes)
+        .merging_domains(merge_domains)
+        .load()
+    {
         Ok(rules) => {
             println!(
                 "{}: {} domains, {} rules, no errors",
@@ -299,7 +307,8 @@ async fn serve(settings: Settings) -> anyhow::Result<()> {
     // xDS start empty, and wait for the server's first snapshot.
     let (rules, rule_files) = match settings.rules_source {
         RulesSource::Files => {
-            let files = RuleFiles::read(&settings.rules, settings.rules_max_bytes);
+            let files = RuleFiles::read(&settings.rules, settings.rules_max_bytes)
+                .merging_domains(settings.merge_domain_config);
             let rules = files
                 .load()
                 .with_context(|| format!("loading rules from {}", settings.rules.display()))?;

@@ -26,6 +26,8 @@ pub struct Reloader {
     dir: Arc<Path>,
     /// `rules_max_bytes`: the most the rule files may hold together.
     max_bytes: u64,
+    /// `merge_domain_config`: files of one domain add up.
+    merge_domains: bool,
     limiter: Arc<RateLimiter>,
     change: Change,
 }
@@ -39,6 +41,7 @@ impl Reloader {
         Reloader {
             dir: dir.into(),
             max_bytes,
+            merge_domains: files.merges_domains(),
             limiter,
             change: Change::new(files),
         }
@@ -90,7 +93,8 @@ impl Reloader {
     /// runtime is shutting down (or the read panicked, which the panic hook has reported).
     async fn read(&self) -> Option<RuleFiles> {
         let (dir, max_bytes) = (self.dir.clone(), self.max_bytes);
-        tokio::task::spawn_blocking(move || RuleFiles::read(&dir, max_bytes))
+        let merge = self.merge_domains;
+        tokio::task::spawn_blocking(move || RuleFiles::read(&dir, max_bytes).merging_domains(merge))
             .await
             .ok()
     }

@@ -234,6 +234,9 @@ pub struct Settings {
     /// snapshot is held to it as rule text while it is converted, and to a sixteenth of it
     /// in descriptors and `replaces` entries before that (`xds/bound.rs`).
     pub rules_max_bytes: u64,
+    /// Rule files of one domain add up instead of being an error (upstream's
+    /// `MERGE_DOMAIN_CONFIG`); a top-level descriptor two files define is still one.
+    pub merge_domain_config: bool,
     pub xds: XdsSettings,
     pub backend: BackendKind,
     /// The most counters held in memory (the memory backend, and the `local` failure
@@ -341,6 +344,7 @@ impl Default for Settings {
             rules: PathBuf::from("examples/rules"),
             rules_reload_interval_ms: 1000,
             rules_max_bytes: crate::rules::DEFAULT_RULES_MAX_BYTES,
+            merge_domain_config: false,
             xds: XdsSettings::default(),
             backend: BackendKind::Memory,
             memory_max_counters: crate::backend::memory::DEFAULT_MAX_COUNTERS,

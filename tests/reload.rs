@@ -288,3 +288,30 @@ async fn sighup_reloads_when_the_timer_is_off() {
         .expect("terminating");
     assert!(status.success(), "SIGTERM still shuts down cleanly: {log}");
 }
+
+/// With `merge_domain_config` (upstream's `MERGE_DOMAIN_CONFIG`), two files of one domain
+/// add up, at start and on every reload.
+#[tokio::test]
+async fn merged_files_of_one_domain_decide_together_and_reload_together() {
+    let paths = "domain: api\ndescriptors:\n  - key: path\n    rate_limit: {unit: day, requests_per_unit: 3}\n";
+    let server = Floodgate::start_with_env(
+        &[("api.yaml", &api_rules(5)), ("paths.yaml", paths)],
+        &INTERVAL,
+        &[("FLOODGATE_MERGE_DOMAIN_CONFIG", "true")],
+    );
+    assert_eq!(quota(&server, "api").await, Some((5, 5)));
+    let path = server
+        .ask(request("api", vec![descriptor(&[("path", "/v1")])]))
+        .await;
+    assert_eq!(path.statuses[0].limit_remaining, 2, "{path:?}");
+
+    write(server.rules_dir.path(), "api.yaml", &api_rules(8));
+    assert_eq!(wait_for_limit(&server, "api", 8).await, 8);
+    let path = server
+        .ask(request("api", vec![descriptor(&[("path", "/v1")])]))
+        .await;
+    assert_eq!(
+        path.statuses[0].limit_remaining, 1,
+        "the other file's rule stays"
+    );
+}

@@ -318,6 +318,25 @@ fn id_segment(key: &str, value: Option<&str>) -> String {
 }
 
 impl Descriptors {
+    /// Adds `more`'s nodes, the top level of the same domain from a later file
+    /// (`merge_domain_config`); a node whose id this level already has is handed back
+    /// instead, with the first one's, for the caller's error.
+    pub(super) fn merge(&mut self, more: Descriptors) -> Vec<(DescriptorNode, &DescriptorNode)> {
+        let mut clashes = Vec::new();
+        for node in more.nodes {
+            let segment = id_segment(&node.key, node.value.as_deref());
+            let first =
+                (self.nodes.iter()).position(|n| id_segment(&n.key, n.value.as_deref()) == segment);
+            match first {
+                Some(first) => clashes.push((node, first)),
+                None => self.push(node),
+            }
+        }
+        (clashes.into_iter())
+            .map(|(node, first)| (node, &self.nodes[first]))
+            .collect()
+    }
+
     /// Adds a node and indexes it for lookup: exact value, wildcard, or key-only default.
     fn push(&mut self, node: DescriptorNode) {
         let index = self.nodes.len();

@@ -64,7 +64,7 @@ impl RuleSet {
 
     /// Loads rule files given as (file name, contents), in the order given.
     pub fn from_sources(sources: &[(String, String)]) -> Result<RuleSet, LoadErrors> {
-        load(sources, Vec::new())
+        load(sources, Vec::new(), false)
     }
 }
 
@@ -77,6 +77,9 @@ pub struct RuleFiles {
     /// (path, contents), sorted by path.
     sources: Vec<(String, String)>,
     errors: Vec<LoadError>,
+    /// Files of one domain add up (`merge_domain_config`, upstream's `MERGE_DOMAIN_CONFIG`)
+    /// instead of being an error.
+    merge_domains: bool,
 }
 
 impl RuleFiles {
@@ -86,12 +89,30 @@ impl RuleFiles {
     /// the files' size while it parses them; [`DEFAULT_RULES_MAX_BYTES`]).
     pub fn read(dir: &Path, max_bytes: u64) -> RuleFiles {
         let (sources, errors) = read_dir(dir, max_bytes);
-        RuleFiles { sources, errors }
+        RuleFiles {
+            sources,
+            errors,
+            merge_domains: false,
+        }
+    }
+
+    /// These files, with several files of one domain merged into it when `merge` holds:
+    /// their top-level descriptors add up, and one that two files define is an error.
+    pub fn merging_domains(self, merge: bool) -> RuleFiles {
+        RuleFiles {
+            merge_domains: merge,
+            ..self
+        }
+    }
+
+    /// Whether files of one domain are merged.
+    pub fn merges_domains(&self) -> bool {
+        self.merge_domains
     }
 
     /// Builds the rule set these files describe, or every problem in them.
     pub fn load(&self) -> Result<RuleSet, LoadErrors> {
-        load(&self.sources, self.errors.clone())
+        load(&self.sources, self.errors.clone(), self.merge_domains)
     }
 }
 
@@ -169,24 +190,31 @@ fn is_rule_file(path: &Path) -> bool {
     visible && yaml
 }
 
-fn load(sources: &[(String, String)], mut errors: Vec<LoadError>) -> Result<RuleSet, LoadErrors> {
+fn load(
+    sources: &[(String, String)],
+    mut errors: Vec<LoadError>,
+    merge_domains: bool,
+) -> Result<RuleSet, LoadErrors> {
     let mut domains: BTreeMap<String, Domain> = BTreeMap::new();
     for (file, text) in sources {
         let (domain, file_errors) = load_file(file, text);
         errors.extend(file_errors);
         let Some(domain) = domain else { continue };
-        if let Some(first) = domains.get(&domain.name) {
-            errors.push(LoadError {
+        match domains.get_mut(&domain.name) {
+            Some(first) if merge_domains => merge(first, domain, &mut errors),
+            Some(first) => errors.push(LoadError {
                 file: file.clone(),
                 line: domain.source.line,
                 rule: format!("domain {}", domain.name),
                 message: format!(
-                    "duplicate domain: `{}` is already defined at {}:{}",
+                    "duplicate domain: `{}` is already defined at {}:{} (merge_domain_config \
+                     merges the files of one domain)",
                     domain.name, first.source.file, first.source.line
                 ),
-            });
-        } else {
-            domains.insert(domain.name.clone(), domain);
+            }),
+            None => {
+                domains.insert(domain.name.clone(), domain);
+            }
         }
     }
     if errors.is_empty() {
@@ -196,6 +224,34 @@ fn load(sources: &[(String, String)], mut errors: Vec<LoadError>) -> Result<Rule
         })
     } else {
         Err(LoadErrors(errors))
+    }
+}
+
+/// Adds `more`'s descriptors to `into`, the same domain from an earlier file; each
+/// top-level descriptor both define is an error naming the two places.
+fn merge(into: &mut Domain, more: Domain, errors: &mut Vec<LoadError>) {
+    let name = into.name.clone();
+    let first_source = into.source.clone();
+    let place = |node: &super::DescriptorNode, domain: &Source| {
+        (node.rule.as_ref()).map_or_else(|| domain.clone(), |rule| rule.source.clone())
+    };
+    for (node, earlier) in into.descriptors.merge(more.descriptors) {
+        let here = place(&node, &more.source);
+        let there = place(earlier, &first_source);
+        let what = match &node.value {
+            Some(value) => format!("{}={value}", node.key),
+            None => node.key.clone(),
+        };
+        errors.push(LoadError {
+            file: here.file,
+            line: here.line,
+            rule: format!("domain {name} > {what}"),
+            message: format!(
+                "duplicate descriptor: `{what}` is already defined for domain `{name}` at \
+                 {}:{} (merge_domain_config merges a domain's files, not their descriptors)",
+                there.file, there.line
+            ),
+        });
     }
 }
 

@@ -355,6 +355,59 @@ fn duplicate_domain_across_files_names_both() {
     assert!(errors[0].message.contains("a.yaml:1"), "{}", errors[0]);
 }
 
+/// Two files of one domain, as `merge_domain_config` loads them from (name, text) pairs.
+fn merged(sources: &[(&str, &str)]) -> Result<RuleSet, LoadErrors> {
+    let sources: Vec<(String, String)> = (sources.iter())
+        .map(|(name, text)| (name.to_string(), text.to_string()))
+        .collect();
+    super::load(&sources, Vec::new(), true)
+}
+
+#[test]
+fn merged_files_of_one_domain_add_their_descriptors_and_each_decides() {
+    let rules = merged(&[
+        ("a.yaml", "domain: api\ndescriptors:\n  - key: user\n    rate_limit: {unit: minute, requests_per_unit: 5}\n"),
+        ("b.yaml", "domain: api\ndescriptors:\n  - key: path\n    value: /v1\n    rate_limit: {unit: hour, requests_per_unit: 7}\n"),
+    ])
+    .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(rules.domains.len(), 1);
+    let api = &rules.domains["api"];
+    let user = api.find([("user", "alice")]).expect("a.yaml's rule");
+    assert_eq!(user.rule.id, "api.user");
+    assert_eq!(user.rule.source.file, "a.yaml");
+    let path = api.find([("path", "/v1")]).expect("b.yaml's rule");
+    assert_eq!(path.rule.id, "api.path_/v1");
+    assert_eq!(path.rule.source.file, "b.yaml");
+}
+
+#[test]
+fn merged_files_that_define_one_descriptor_twice_name_both_places() {
+    let errors = merged(&[
+        ("a.yaml", "domain: api\ndescriptors:\n  - key: user\n    rate_limit: {unit: minute, requests_per_unit: 5}\n"),
+        ("b.yaml", "domain: api\ndescriptors:\n  - key: other\n  - key: user\n    rate_limit: {unit: hour, requests_per_unit: 7}\n"),
+    ])
+    .expect_err("a descriptor twice")
+    .0;
+    assert_eq!(errors.len(), 1, "{errors:?}");
+    assert_eq!((errors[0].file.as_str(), errors[0].line), ("b.yaml", 4));
+    assert_eq!(errors[0].rule, "domain api > user");
+    assert!(errors[0].message.contains("a.yaml:3"), "{}", errors[0]);
+}
+
+#[test]
+fn without_merging_a_domain_in_two_files_points_at_the_setting() {
+    let sources = [
+        ("a.yaml".to_owned(), "domain: api\n".to_owned()),
+        ("b.yaml".to_owned(), "domain: api\n".to_owned()),
+    ];
+    let errors = RuleSet::from_sources(&sources).expect_err("duplicate").0;
+    assert!(
+        errors[0].message.contains("merge_domain_config"),
+        "{}",
+        errors[0]
+    );
+}
+
 #[test]
 fn unknown_top_level_key_names_it_and_lists_the_valid_ones() {
     assert_error(
