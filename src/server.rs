@@ -129,6 +129,7 @@ pub async fn start(
     let (grpc_listener, grpc_addr) = match &grpc.unix_socket {
         Some(path) => {
             let listener = Listener::bind_unix(path)
+                .await
                 .with_context(|| format!("binding the gRPC socket {}", path.display()))?;
             (listener, BoundAddr::Unix(path.clone()))
         }
