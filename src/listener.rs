@@ -11,21 +11,28 @@
 //! answers something and only a dead or silent one is cut. The rest of a connection's bounds
 //! (streams, headers, request time) are set where it is served (`server.rs`).
 //!
-//! Accepting itself can fail: at the descriptor limit (`EMFILE`) the listener stays readable
-//! and an accept loop that retries at once spins a core doing nothing. The [`Acceptor`] waits
-//! instead, from 5 ms doubling to a second while the errors last, so the descriptors held can
-//! close; and the soft descriptor limit is raised to the hard one at start-up
-//! ([`raise_open_files_limit`]).
+//! Accepting itself can fail: at the descriptor limit (`EMFILE`, or the system's, `ENFILE`)
+//! the listener stays readable and an accept loop that retries at once spins a core doing
+//! nothing. The [`Acceptor`] then makes room: the oldest connection that has not sent its
+//! first bytes in its first [`ROOM_MIN_AGE`], on any port, is closed (a crowd of silent
+//! connections would otherwise keep every new client waiting until the handshake timeout
+//! frees them), and the accept is tried again 5 ms later. A connection past its handshake
+//! is never closed this way: with none left to close, the acceptor waits from 5 ms doubling
+//! to a second while the errors last, so the descriptors held can close. The soft
+//! descriptor limit is raised to the hard one at start-up ([`raise_open_files_limit`]).
 
+use std::collections::BTreeMap;
 use std::future::Future;
 use std::io;
 use std::pin::Pin;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::task::{Context, Poll, ready};
 use std::time::Duration;
 
 use futures_util::Stream;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpListener;
+use tokio::sync::oneshot;
 use tokio::time::{Instant, Sleep};
 
 use crate::socket::{Connection, Listener, Socket};
@@ -43,6 +50,14 @@ pub struct Timeouts {
 /// client preface.
 pub const HANDSHAKE_BYTES: usize = 24;
 
+/// How long a connection has to send its first bytes before it may be closed to make room.
+/// A client's first bytes come with its connection (an HTTP/2 preface or a TLS hello is
+/// sent as soon as it connects), so only a silent connection gets this old without them;
+/// and one just accepted, whose bytes came but were not read yet, is spared. (At the limit,
+/// accepting fails even with no client waiting: the descriptor is taken before the queue is
+/// looked at.)
+pub const ROOM_MIN_AGE: Duration = Duration::from_millis(100);
+
 /// A connection closed for silence: what its reads fail with.
 fn silent(handshake: bool) -> io::Error {
     let what = if handshake {
@@ -51,6 +66,96 @@ fn silent(handshake: bool) -> io::Error {
         "no bytes within the idle timeout"
     };
     io::Error::new(io::ErrorKind::TimedOut, what)
+}
+
+/// The accepted connections that have not sent their first [`HANDSHAKE_BYTES`] yet, in
+/// accept order, each with a way to tell it to close. One for the whole process, shared by
+/// every [`Acceptor`]: the descriptors are the process's, so whichever port runs out makes
+/// room from all of them.
+#[derive(Clone, Default)]
+pub struct Handshaking(Arc<Mutex<Waiting>>);
+
+#[derive(Default)]
+struct Waiting {
+    /// The number the next connection gets: numbers run in accept order.
+    next: u64,
+    /// When each was accepted, and how to tell it to close.
+    closers: BTreeMap<u64, (Instant, oneshot::Sender<()>)>,
+}
+
+impl Handshaking {
+    fn waiting(&self) -> std::sync::MutexGuard<'_, Waiting> {
+        // Nothing panics while holding the lock; were it poisoned, the map is still whole.
+        self.0.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Enrols a connection just accepted.
+    fn enrol(&self) -> Enrolled {
+        let (closer, told) = oneshot::channel();
+        let mut waiting = self.waiting();
+        let number = waiting.next;
+        waiting.next += 1;
+        waiting.closers.insert(number, (Instant::now(), closer));
+        Enrolled {
+            number,
+            handshaking: self.clone(),
+            told: Some(told),
+        }
+    }
+
+    /// Tells the oldest connection still in its handshake, if it is [`ROOM_MIN_AGE`] old,
+    /// to close; `false` when there is none.
+    fn close_oldest(&self) -> bool {
+        let mut waiting = self.waiting();
+        let now = Instant::now();
+        while let Some(oldest) = waiting.closers.first_entry() {
+            // In accept order: the rest are younger still.
+            if now - oldest.get().0 < ROOM_MIN_AGE {
+                return false;
+            }
+            let (_, closer) = oldest.remove();
+            // Refused only by a connection going away at this moment: try the next.
+            if closer.send(()).is_ok() {
+                return true;
+            }
+        }
+        false
+    }
+}
+
+/// A connection's place in [`Handshaking`], given up when dropped: once its handshake is
+/// done, or with the connection.
+struct Enrolled {
+    number: u64,
+    handshaking: Handshaking,
+    /// Ready once the connection is told to close; `None` after that.
+    told: Option<oneshot::Receiver<()>>,
+}
+
+impl Enrolled {
+    /// Whether the connection was told to close; once it was, always.
+    fn told_to_close(&mut self, cx: &mut Context<'_>) -> bool {
+        let Some(told) = &mut self.told else {
+            return true;
+        };
+        // The sender is dropped unsent only with the whole registry, which this one holds.
+        if Pin::new(told).poll(cx).is_pending() {
+            return false;
+        }
+        self.told = None;
+        true
+    }
+}
+
+impl Drop for Enrolled {
+    fn drop(&mut self) {
+        self.handshaking.waiting().closers.remove(&self.number);
+    }
+}
+
+/// What the reads of a connection closed to make room fail with.
+fn closed_to_make_room() -> io::Error {
+    io::Error::other("closed before its handshake to make room at the descriptor limit")
 }
 
 /// A connection that fails its reads once it has been silent too long (see the module).
@@ -63,16 +168,21 @@ pub struct Guarded<IO> {
     /// Bytes read, counted up to [`HANDSHAKE_BYTES`].
     received: usize,
     last_read: Instant,
+    /// Until the handshake is done: its place among the connections that may be closed to
+    /// make room.
+    enrolled: Option<Enrolled>,
 }
 
 impl<IO> Guarded<IO> {
-    pub fn new(io: IO, timeouts: Timeouts) -> Self {
+    /// Guards `io`, enrolled in `handshaking` until its handshake is done.
+    pub fn new(io: IO, timeouts: Timeouts, handshaking: &Handshaking) -> Self {
         Guarded {
             io,
             timeouts,
             deadline: Box::pin(tokio::time::sleep(timeouts.handshake)),
             received: 0,
             last_read: Instant::now(),
+            enrolled: Some(handshaking.enrol()),
         }
     }
 
@@ -115,8 +225,10 @@ impl<IO: AsyncRead + Unpin> AsyncRead for Guarded<IO> {
                     if this.received < HANDSHAKE_BYTES {
                         this.received += read;
                         if this.received >= HANDSHAKE_BYTES {
-                            // The handshake deadline gives way to the idle one.
+                            // The handshake deadline gives way to the idle one, and the
+                            // connection is no longer one that may be closed to make room.
                             this.deadline.as_mut().reset(now + this.timeouts.idle);
+                            this.enrolled = None;
                         }
                     }
                     this.last_read = now;
@@ -125,6 +237,13 @@ impl<IO: AsyncRead + Unpin> AsyncRead for Guarded<IO> {
             }
             Poll::Ready(Err(e)) => Poll::Ready(Err(e)),
             Poll::Pending => {
+                // Told to close, it closes once nothing is left to read: a client whose
+                // first bytes came but were not read yet is not cut for that.
+                if let Some(enrolled) = &mut this.enrolled
+                    && enrolled.told_to_close(cx)
+                {
+                    return Poll::Ready(Err(closed_to_make_room()));
+                }
                 this.check(cx)?;
                 Poll::Pending
             }
@@ -166,23 +285,38 @@ impl<IO: AsyncWrite + Unpin> AsyncWrite for Guarded<IO> {
 const ACCEPT_BACKOFF: (Duration, Duration) = (Duration::from_millis(5), Duration::from_secs(1));
 
 /// A listener's accepted connections, guarded (TCP ones with no-delay set); accept errors
-/// wait and retry (see the module) and are logged at most once per back-off series.
+/// make room or wait, and retry (see the module), and are logged once per series.
 pub struct Acceptor {
     /// The port's name in the log: `grpc` or `http`.
     name: &'static str,
     listener: Listener,
     timeouts: Timeouts,
+    /// The process's connections still in their handshake, this acceptor's among them.
+    handshaking: Handshaking,
     /// While accepting fails: the wait before the next try, and the current wait.
     backoff: Option<(Duration, Pin<Box<Sleep>>)>,
+    /// Whether a series of failures is under way: accepting failed, and no accept has
+    /// succeeded at its first try since. It is logged once.
+    failing: bool,
+    /// Whether the series has closed a connection to make room: also logged once.
+    made_room: bool,
 }
 
 impl Acceptor {
-    pub fn new(name: &'static str, listener: impl Into<Listener>, timeouts: Timeouts) -> Self {
+    pub fn new(
+        name: &'static str,
+        listener: impl Into<Listener>,
+        timeouts: Timeouts,
+        handshaking: Handshaking,
+    ) -> Self {
         Acceptor {
             name,
             listener: listener.into(),
             timeouts,
+            handshaking,
             backoff: None,
+            failing: false,
+            made_room: false,
         }
     }
 
@@ -194,21 +328,36 @@ impl Acceptor {
             }
             match ready!(self.listener.poll_accept(cx)) {
                 Ok(socket) => {
-                    self.backoff = None;
-                    return Poll::Ready(Guarded::new(socket, self.timeouts));
+                    // One that needed a retry (after making room, say) does not end the
+                    // series: the next may fail the same way.
+                    if self.backoff.take().is_none() {
+                        (self.failing, self.made_room) = (false, false);
+                    }
+                    return Poll::Ready(Guarded::new(socket, self.timeouts, &self.handshaking));
                 }
                 // The client gave up before we accepted: nothing is wrong with the listener.
                 Err(e) if is_connection_error(&e) => {}
                 Err(e) => {
+                    if !self.failing {
+                        self.failing = true;
+                        tracing::error!(
+                            port = self.name,
+                            "accepting a connection failed, waiting before trying again: {e}"
+                        );
+                    }
+                    let made_room = is_out_of_descriptors(&e) && self.handshaking.close_oldest();
+                    if made_room && !self.made_room {
+                        self.made_room = true;
+                        tracing::warn!(
+                            port = self.name,
+                            "at the descriptor limit: closing the connections that have not \
+                             sent their first bytes, oldest first, to make room"
+                        );
+                    }
+                    // Room made is progress: the next try comes as soon as the first would.
                     let next = match &self.backoff {
-                        None => {
-                            tracing::error!(
-                                port = self.name,
-                                "accepting a connection failed, waiting before trying again: {e}"
-                            );
-                            ACCEPT_BACKOFF.0
-                        }
-                        Some((last, _)) => (*last * 2).min(ACCEPT_BACKOFF.1),
+                        Some((last, _)) if !made_room => (*last * 2).min(ACCEPT_BACKOFF.1),
+                        _ => ACCEPT_BACKOFF.0,
                     };
                     self.backoff = Some((next, Box::pin(tokio::time::sleep(next))));
                 }
@@ -236,6 +385,11 @@ impl Stream for Acceptor {
         self.poll_accept(cx)
             .map(|io| Some(Ok(Connection::Plain(io))))
     }
+}
+
+/// The process (`EMFILE`) or the system (`ENFILE`) has no descriptor left.
+fn is_out_of_descriptors(e: &io::Error) -> bool {
+    matches!(e.raw_os_error(), Some(libc::EMFILE | libc::ENFILE))
 }
 
 fn is_connection_error(e: &io::Error) -> bool {
@@ -283,9 +437,17 @@ mod tests {
 
     /// A guarded server end and its client.
     async fn pair() -> (Guarded<Socket>, TcpStream) {
+        pair_in(TIMEOUTS, &Handshaking::default()).await
+    }
+
+    /// [`pair`], held to `timeouts`, the connection enrolled in `handshaking`.
+    async fn pair_in(
+        timeouts: Timeouts,
+        handshaking: &Handshaking,
+    ) -> (Guarded<Socket>, TcpStream) {
         let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
         let client = TcpStream::connect(listener.local_addr().expect("addr"));
-        let mut acceptor = Acceptor::new("test", listener, TIMEOUTS);
+        let mut acceptor = Acceptor::new("test", listener, timeouts, handshaking.clone());
         let (server, client) = tokio::join!(acceptor.accept(), client);
         (server, client.expect("connect"))
     }
@@ -337,6 +499,43 @@ mod tests {
         let error = server.read(&mut buf).await.expect_err("timed out");
         assert!(error.to_string().contains("idle"), "{error}");
         assert_eq!(start.elapsed(), TIMEOUTS.idle);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn making_room_closes_the_oldest_silent_connection_and_spares_the_others() {
+        // A handshake timeout that leaves room for ROOM_MIN_AGE.
+        let timeouts = Timeouts {
+            handshake: ROOM_MIN_AGE * 10,
+            ..TIMEOUTS
+        };
+        let handshaking = Handshaking::default();
+        let (mut handshaken, mut its_client) = pair_in(timeouts, &handshaking).await;
+        let (mut oldest, _client) = pair_in(timeouts, &handshaking).await;
+        let mut buf = [0; 64];
+        its_client
+            .write_all(&[b'x'; HANDSHAKE_BYTES])
+            .await
+            .expect("write");
+        assert_eq!(
+            handshaken.read(&mut buf).await.expect("read"),
+            HANDSHAKE_BYTES
+        );
+        assert!(!handshaking.close_oldest(), "too young to be closed");
+
+        tokio::time::sleep(ROOM_MIN_AGE).await;
+        let (mut newest, _other) = pair_in(timeouts, &handshaking).await;
+        assert!(handshaking.close_oldest());
+        let error = oldest.read(&mut buf).await.expect_err("closed");
+        assert!(error.to_string().contains("to make room"), "{error}");
+        // The newest is too young, and the one past its handshake is not among them.
+        assert!(!handshaking.close_oldest());
+        tokio::time::sleep(ROOM_MIN_AGE).await;
+        assert!(handshaking.close_oldest());
+        let error = newest.read(&mut buf).await.expect_err("closed");
+        assert!(error.to_string().contains("to make room"), "{error}");
+        assert!(!handshaking.close_oldest());
+        its_client.write_all(b"x").await.expect("write");
+        assert_eq!(handshaken.read(&mut buf).await.expect("read"), 1);
     }
 
     #[test]

@@ -32,7 +32,7 @@ use tokio::task::JoinHandle;
 use crate::backend::redis::Password;
 use crate::grpc_conn::{self, Http2Limits};
 use crate::http::{self, HttpState};
-use crate::listener::{Acceptor, Timeouts};
+use crate::listener::{Acceptor, Handshaking, Timeouts};
 use crate::proto::FILE_DESCRIPTOR_SET;
 use crate::proto::envoy::service::ratelimit::v3::rate_limit_service_server::RateLimitServiceServer;
 use crate::service::RateLimiter;
@@ -141,6 +141,7 @@ pub async fn start(
     let (grpc_listener, grpc_addr) = match &grpc.unix_socket {
         Some(path) => {
             let listener = Listener::bind_unix(path)
+                .await
                 .with_context(|| format!("binding the gRPC socket {}", path.display()))?;
             (listener, BoundAddr::Unix(path.clone()))
         }
@@ -202,8 +203,11 @@ pub async fn start(
         idle: millis(limits.idle_timeout_ms),
     };
     let keepalive = millis(limits.keepalive_interval_ms);
+    // Every port's connections still in their handshake: at the descriptor limit, any port
+    // makes room from all of them.
+    let handshaking = Handshaking::default();
     let incoming = incoming(
-        Acceptor::new("grpc", grpc_listener, timeouts),
+        Acceptor::new("grpc", grpc_listener, timeouts, handshaking.clone()),
         grpc.tls,
         timeouts.handshake,
     );
@@ -231,7 +235,12 @@ pub async fn start(
     };
     let metrics = metrics_listener.map(|listener| {
         serve_http(
-            Box::pin(Acceptor::new("metrics", listener, timeouts)),
+            Box::pin(Acceptor::new(
+                "metrics",
+                listener,
+                timeouts,
+                handshaking.clone(),
+            )),
             http::metrics_router(state.clone()),
             limits,
             wait_for_stop(stopped.clone()),
@@ -240,7 +249,7 @@ pub async fn start(
     let admin = admin.map(|(listener, endpoint)| {
         serve_http(
             self::incoming(
-                Acceptor::new("admin", listener, timeouts),
+                Acceptor::new("admin", listener, timeouts, handshaking.clone()),
                 endpoint.tls,
                 timeouts.handshake,
             ),
@@ -250,7 +259,7 @@ pub async fn start(
         )
     });
     let http = serve_http(
-        Box::pin(Acceptor::new("http", http_listener, timeouts)),
+        Box::pin(Acceptor::new("http", http_listener, timeouts, handshaking)),
         http::router(state),
         limits,
         wait_for_stop(stopped),

@@ -19,14 +19,27 @@ pub enum Listener {
 }
 
 impl Listener {
-    /// Binds the Unix socket `path`, replacing a socket file a previous run left there
-    /// (anything else at the path is an error, never removed).
-    pub fn bind_unix(path: &Path) -> io::Result<Listener> {
+    /// Binds the Unix socket `path`. A socket file there is replaced only when nothing
+    /// answers on it (one a previous run left): a path another process is serving on is
+    /// refused, since replacing it would leave that process running where no client can
+    /// reach it. Anything else at the path is an error, never removed.
+    pub async fn bind_unix(path: &Path) -> io::Result<Listener> {
         use std::os::unix::fs::FileTypeExt;
         if let Ok(metadata) = std::fs::symlink_metadata(path)
             && metadata.file_type().is_socket()
         {
-            std::fs::remove_file(path)?;
+            if in_use(path).await? {
+                return Err(io::Error::new(
+                    io::ErrorKind::AddrInUse,
+                    format!("another process is serving on {}", path.display()),
+                ));
+            }
+            // Gone meanwhile is as good as removed.
+            if let Err(e) = std::fs::remove_file(path)
+                && e.kind() != io::ErrorKind::NotFound
+            {
+                return Err(e);
+            }
         }
         UnixListener::bind(path).map(Listener::Unix)
     }
@@ -42,6 +55,20 @@ impl Listener {
                 .poll_accept(cx)
                 .map_ok(|(stream, _)| Socket::Unix(stream)),
         }
+    }
+}
+
+/// Whether a process is serving on the socket file `path`: it accepts a connection, or its
+/// backlog is full (a non-blocking connect then fails with `EAGAIN`). `false` when the
+/// connection is refused: the file outlived its process.
+async fn in_use(path: &Path) -> io::Result<bool> {
+    match UnixStream::connect(path).await {
+        Ok(_) => Ok(true),
+        Err(e) if e.kind() == io::ErrorKind::WouldBlock => Ok(true),
+        Err(e) if e.kind() == io::ErrorKind::ConnectionRefused => Ok(false),
+        // Removed meanwhile: there is nothing to replace.
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(false),
+        Err(e) => Err(e),
     }
 }
 

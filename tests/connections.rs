@@ -1,8 +1,9 @@
 //! Clients that hold a connection without using it, against the real binary: a connection
 //! that never speaks, headers or a body that never end (HTTP and gRPC), an idle keep-alive
 //! connection; the
-//! HTTP/2 stream limit both ports advertise; and a process at its descriptor limit that
-//! serves again once clients leave.
+//! HTTP/2 stream limit both ports advertise; and a process at its descriptor limit: silent
+//! connections make room for a new client at once, and connections past their handshake
+//! are left alone (the process serves again once they leave).
 
 mod harness;
 
@@ -143,12 +144,13 @@ fn an_idle_keep_alive_connection_is_closed_after_the_idle_timeout() {
     assert_eq!(read_until_closed(&mut client), b"");
 }
 
+/// An HTTP/2 client's preface: a connection's whole handshake, as the server counts it.
+const PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+
 /// The settings a server sends first on an HTTP/2 connection (prior knowledge, no TLS).
 fn http2_settings(addr: SocketAddr) -> Vec<(u16, u32)> {
     let mut client = connect(addr);
-    client
-        .write_all(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n")
-        .expect("preface");
+    client.write_all(PREFACE).expect("preface");
     // An empty SETTINGS frame: length 0, type 4, no flags, stream 0.
     client
         .write_all(&[0, 0, 0, 4, 0, 0, 0, 0, 0])
@@ -182,8 +184,49 @@ fn both_ports_advertise_the_stream_limit() {
     }
 }
 
-#[test]
-fn a_server_at_its_descriptor_limit_serves_again_once_clients_leave() {
+/// An HTTP/2 connection whose handshake the server has read, open until closed or dropped.
+struct Handshaken {
+    pings: h2::PingPong,
+    /// Drives the connection; aborted, it closes it.
+    connection: tokio::task::JoinHandle<()>,
+}
+
+impl Handshaken {
+    /// A connection to `addr` once the server answers its ping, within a second; `None`
+    /// when it does not: the server is at its descriptor limit, and the connection waits
+    /// in the listen backlog.
+    async fn open(addr: SocketAddr) -> Option<Handshaken> {
+        let tcp = tokio::net::TcpStream::connect(addr).await.expect("connect");
+        let answered = tokio::time::timeout(Duration::from_secs(1), async {
+            let (client, mut connection) = h2::client::handshake(tcp).await.ok()?;
+            let pings = connection.ping_pong()?;
+            let connection = tokio::spawn(async move {
+                // The client's handle keeps the connection open while it runs.
+                let _client = client;
+                let _ = connection.await;
+            });
+            let mut open = Handshaken { pings, connection };
+            open.pings.ping(h2::Ping::opaque()).await.ok()?;
+            Some(open)
+        });
+        answered.await.ok().flatten()
+    }
+
+    /// Closes the connection, and returns once it is closed.
+    async fn close(mut self) {
+        self.connection.abort();
+        let _ = (&mut self.connection).await;
+    }
+}
+
+impl Drop for Handshaken {
+    fn drop(&mut self) {
+        self.connection.abort();
+    }
+}
+
+#[tokio::test]
+async fn a_server_at_its_descriptor_limit_serves_again_once_clients_leave() {
     // The hard limit is the soft one floodgate raises to: 64 descriptors in all.
     let server = Floodgate::start_wrapped(
         &["prlimit", "--nofile=64:64", "--"],
@@ -191,12 +234,27 @@ fn a_server_at_its_descriptor_limit_serves_again_once_clients_leave() {
         &[],
         &[("FLOODGATE_CONNECTION_LIMITS__HANDSHAKE_TIMEOUT_MS", "60000")],
     );
-    // Silent connections until the server can accept no more: those past its limit wait in
-    // the listen backlog.
-    let hogs: Vec<TcpStream> = (0..100).map(|_| connect(server.grpc_addr)).collect();
+    // Connections past their handshake, then idle, until the server accepts no more. None
+    // of them may be closed to make room: the server waits for clients to leave.
+    let mut hogs = Vec::new();
+    while let Some(hog) = Handshaken::open(server.grpc_addr).await {
+        hogs.push(hog);
+        assert!(
+            hogs.len() < 64,
+            "the server accepts past its descriptor limit"
+        );
+    }
     let log = server.wait_for_log("accepting a connection failed");
     assert!(log.contains("Too many open files"), "{log}");
-    drop(hogs);
+    for hog in &mut hogs {
+        let pong = tokio::time::timeout(Duration::from_secs(5), hog.pings.ping(h2::Ping::opaque()));
+        pong.await
+            .expect("a pong in time")
+            .expect("the connection is still open");
+    }
+    for hog in hogs {
+        hog.close().await;
+    }
     // The descriptors are back: a new client is answered.
     assert_eq!(server.http("GET", "/healthz", "").0, 200);
     let log = server.stderr();
@@ -208,4 +266,34 @@ fn a_server_at_its_descriptor_limit_serves_again_once_clients_leave() {
         grpc_failures, 1,
         "one line per series of failures, not one per retry:\n{log}"
     );
+}
+
+#[tokio::test]
+async fn silent_connections_make_room_for_a_new_client_and_handshaken_ones_stay() {
+    // The handshake timeout frees nothing within the test: only making room can.
+    let server = Floodgate::start_wrapped(
+        &["prlimit", "--nofile=256:256", "--"],
+        &[("d.yaml", RULES)],
+        &[],
+        &[("FLOODGATE_CONNECTION_LIMITS__HANDSHAKE_TIMEOUT_MS", "30000")],
+    );
+    // The oldest connection: past its handshake, then idle.
+    let mut handshaken = Handshaken::open(server.grpc_addr)
+        .await
+        .expect("a connection past its handshake");
+    // More silent connections than the server has descriptors.
+    let _silent: Vec<TcpStream> = (0..300).map(|_| connect(server.grpc_addr)).collect();
+    server.wait_for_log("accepting a connection failed");
+
+    let request = harness::request("d", vec![harness::descriptor(&[("k", "v")])]);
+    let answer = tokio::time::timeout(Duration::from_secs(5), server.ask(request))
+        .await
+        .expect("a decision within 5 s, long before a handshake timeout frees anything");
+    assert_eq!(answer.overall_code, harness::OK);
+    assert!(server.stderr().contains("to make room"));
+    handshaken
+        .pings
+        .ping(h2::Ping::opaque())
+        .await
+        .expect("the connection past its handshake is still open");
 }

@@ -1,11 +1,13 @@
 //! The gRPC port's transports, against the real binary: TLS, mutual TLS (a client without a
 //! certificate the CA signed is refused), a certificate rotated on disk and served without a
-//! restart, a Unix socket, and connections retired at `max_connection_age_ms`.
+//! restart, a Unix socket (a live server's never taken over, a stale one replaced), and
+//! connections retired at `max_connection_age_ms`.
 
 mod certs;
 mod harness;
 
 use std::io::{BufRead, BufReader};
+use std::path::Path;
 use std::process::Stdio;
 use std::time::Duration;
 
@@ -174,29 +176,57 @@ async fn a_certificate_rotated_on_disk_is_served_without_a_restart() {
     assert!(served_subject(server.grpc_addr, &certificates).contains("127.0.0.1_2"));
 }
 
-#[tokio::test]
-async fn grpc_on_a_unix_socket_decides() {
-    let dir = tempfile::tempdir().expect("a directory for the socket");
-    let socket = dir.path().join("floodgate.sock");
-    let rules = harness::write_rules(&[("tls.yaml", RULES)]);
-    let mut child = harness::command()
+/// A floodgate serving gRPC on a Unix socket, killed when dropped.
+struct OnSocket {
+    child: std::process::Child,
+    _rules: tempfile::TempDir,
+}
+
+impl OnSocket {
+    /// Starts one on `socket` and waits until it says it listens there.
+    fn start(socket: &Path) -> OnSocket {
+        let rules = harness::write_rules(&[("tls.yaml", RULES)]);
+        let mut child = serve_on(&[], socket, &rules)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("floodgate starts");
+        let mut line = String::new();
+        BufReader::new(child.stdout.take().expect("stdout"))
+            .read_line(&mut line)
+            .expect("the startup line");
+        assert!(
+            line.contains(&format!("grpc=unix:{}", socket.display())),
+            "{line}"
+        );
+        OnSocket {
+            child,
+            _rules: rules,
+        }
+    }
+}
+
+impl Drop for OnSocket {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// `floodgate serve` on `rules`, gRPC on the Unix socket `socket`, the binary run through
+/// `prefix` (see [`harness::wrapped`]).
+fn serve_on(prefix: &[&str], socket: &Path, rules: &tempfile::TempDir) -> std::process::Command {
+    let mut command = harness::wrapped(prefix);
+    command
         .args(["serve", "--http-addr", "127.0.0.1:0", "--rules"])
         .arg(rules.path())
-        .env("FLOODGATE_GRPC_UNIX_SOCKET", &socket)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("floodgate starts");
-    let mut line = String::new();
-    BufReader::new(child.stdout.take().expect("stdout"))
-        .read_line(&mut line)
-        .expect("the startup line");
-    assert!(
-        line.contains(&format!("grpc=unix:{}", socket.display())),
-        "{line}"
-    );
+        .env("FLOODGATE_GRPC_UNIX_SOCKET", socket);
+    command
+}
 
-    let path = socket.clone();
+/// A client of the server on the Unix socket `socket`.
+async fn unix_client(socket: &Path) -> RateLimitServiceClient<tonic::transport::Channel> {
+    let path = socket.to_owned();
     let channel = Endpoint::from_static("http://unix.socket")
         .connect_with_connector(tower::service_fn(move |_: http::Uri| {
             let path = path.clone();
@@ -207,9 +237,49 @@ async fn grpc_on_a_unix_socket_decides() {
         }))
         .await
         .expect("a connection over the socket");
-    decides(&mut RateLimitServiceClient::new(channel), "alice").await;
-    let _ = child.kill();
-    let _ = child.wait();
+    RateLimitServiceClient::new(channel)
+}
+
+#[tokio::test]
+async fn grpc_on_a_unix_socket_decides() {
+    let dir = tempfile::tempdir().expect("a directory for the socket");
+    let socket = dir.path().join("floodgate.sock");
+    let _server = OnSocket::start(&socket);
+    decides(&mut unix_client(&socket).await, "alice").await;
+}
+
+#[tokio::test]
+async fn a_second_server_on_a_live_socket_refuses_to_start_and_the_first_still_serves() {
+    let dir = tempfile::tempdir().expect("a directory for the socket");
+    let socket = dir.path().join("floodgate.sock");
+    let _first = OnSocket::start(&socket);
+    // A second that starts anyway is stopped by `timeout`, and fails the checks below.
+    let rules = harness::write_rules(&[("tls.yaml", RULES)]);
+    let output = serve_on(&["timeout", "20"], &socket, &rules)
+        .output()
+        .expect("floodgate runs");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains(&format!(
+            "another process is serving on {}",
+            socket.display()
+        )),
+        "{stderr}"
+    );
+    decides(&mut unix_client(&socket).await, "alice").await;
+}
+
+#[tokio::test]
+async fn a_socket_left_by_a_killed_server_is_replaced() {
+    let dir = tempfile::tempdir().expect("a directory for the socket");
+    let socket = dir.path().join("floodgate.sock");
+    // SIGKILL: the process cannot remove its socket file.
+    drop(OnSocket::start(&socket));
+    let file = std::fs::symlink_metadata(&socket).expect("the socket file stays");
+    assert!(std::os::unix::fs::FileTypeExt::is_socket(&file.file_type()));
+    let _second = OnSocket::start(&socket);
+    decides(&mut unix_client(&socket).await, "alice").await;
 }
 
 #[tokio::test]

@@ -10,6 +10,7 @@ import grpc
 import grpc.aio
 
 from ._proto.envoy.service.ratelimit.v3 import rls_pb2_grpc
+from ._channel import channel_options
 from ._wire import Descriptor, build_request, decision_from_response
 from .decision import Decision
 from .policy import Backoff, CallPolicy, FailureMode, remaining
@@ -43,7 +44,7 @@ class AsyncClient:
         self._target = target
         self._credentials = credentials
         self._interceptors = list(interceptors)
-        self._options = [*self._policy.channel_options(), *options]
+        self._options = channel_options(target, [*self._policy.channel_options(), *options])
         self._channel: grpc.aio.Channel | None = None
         self._stub: rls_pb2_grpc.RateLimitServiceStub | None = None
 

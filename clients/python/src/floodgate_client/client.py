@@ -9,6 +9,7 @@ from types import TracebackType
 import grpc
 
 from ._proto.envoy.service.ratelimit.v3 import rls_pb2_grpc
+from ._channel import channel_options
 from ._wire import Descriptor, build_request, decision_from_response
 from .decision import Decision
 from .policy import Backoff, CallPolicy, FailureMode, remaining
@@ -17,9 +18,11 @@ from .policy import Backoff, CallPolicy, FailureMode, remaining
 class Client:
     """Asks floodgate whether requests are within their limits, over one gRPC channel.
 
-    ``target`` is floodgate's gRPC address (``host:port``). ``timeout`` is one deadline over
-    the whole call: every attempt and every wait between attempts fits in it, each attempt
-    getting what is left. An UNAVAILABLE that floodgate marks as counting nothing
+    ``target`` is floodgate's gRPC address (``host:port``, or ``unix:/path`` for its Unix
+    socket, whose calls get the authority ``localhost`` unless ``options`` set
+    ``grpc.default_authority``). ``timeout`` is one deadline over the whole call: every
+    attempt and every wait between attempts fits in it, each attempt getting what is left.
+    An UNAVAILABLE that floodgate marks as counting nothing
     (``floodgate-counted: none``) is sent again, up to ``max_attempts`` in all, after a
     ``backoff`` wait; an unmarked one may already have been counted, so it is sent again
     only with ``retry_possibly_counted=True`` (then by gRPC's own retry policy). When no
@@ -48,7 +51,7 @@ class Client:
         self._policy = CallPolicy(
             timeout, failure_mode, max_attempts, backoff, retry_possibly_counted
         )
-        options = [*self._policy.channel_options(), *options]
+        options = channel_options(target, [*self._policy.channel_options(), *options])
         if credentials is None:
             self._channel = grpc.insecure_channel(target, options=options)
         else:
