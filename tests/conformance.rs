@@ -861,26 +861,64 @@ async fn global_quota_mode_makes_every_rule_soft() {
     assert_eq!(response.overall_code, OK);
 }
 
+/// `dynamic_metadata` in upstream's shape (envoyproxy/ratelimit #1112): the domain, the
+/// descriptors' entries as `key=value`, the request's `hitsAddend`, and the metadata of the
+/// rules under their limit merged under `metadata` (maps merged key by key, the first
+/// descriptor's value kept otherwise), so a rule's key never clashes with the response's.
 #[tokio::test]
-async fn dynamic_metadata_carries_rule_metadata_and_quota_violations() {
-    let server = Floodgate::start(&[("q.yaml", QUOTA)], &["--dynamic-metadata"]);
-    server.ask(single("quota", &[("model", "big")])).await;
-    let response = server
-        .ask(request(
-            "quota",
+async fn dynamic_metadata_carries_the_metadata_of_the_rules_under_their_limit() {
+    const META: &str = "
+domain: meta
+descriptors:
+  - key: model
+    metadata:
+      backend: primary
+      domain: from-a-rule
+      route: {pool: a}
+    rate_limit: {unit: day, requests_per_unit: 1}
+  - key: tenant
+    metadata:
+      backend: secondary
+      tier: gold
+      route: {zone: eu}
+    rate_limit: {unit: day, requests_per_unit: 100}
+";
+    let server = Floodgate::start(&[("m.yaml", META)], &["--dynamic-metadata"]);
+    let ask = |hits| {
+        let mut ask = request(
+            "meta",
             vec![
+                descriptor(&[("tenant", "t1")]),
                 descriptor(&[("model", "big")]),
-                descriptor(&[("model", "small")]),
             ],
-        ))
-        .await;
-    let metadata = serde_json::to_value(response.dynamic_metadata.expect("metadata")).unwrap();
-    assert_eq!(metadata["domain"], "quota");
-    assert_eq!(metadata["backend"], "primary");
-    assert_eq!(metadata["quotaModeEnabled"], true);
-    assert_eq!(metadata["quotaModeViolations"], serde_json::json!([0.0]));
-    assert_eq!(metadata["descriptors"][0]["code"], "OVER_LIMIT");
-    assert_eq!(metadata["descriptors"][1]["entries"][0]["value"], "small");
+        );
+        ask.hits_addend = hits;
+        ask
+    };
+    let first = server.ask(ask(0)).await;
+    let metadata = serde_json::to_value(first.dynamic_metadata.expect("metadata")).unwrap();
+    assert_eq!(
+        metadata,
+        serde_json::json!({
+            "domain": "meta",
+            "descriptors": [{"entries": ["tenant=t1"]}, {"entries": ["model=big"]}],
+            "metadata": {
+                "backend": "secondary",
+                "tier": "gold",
+                "domain": "from-a-rule",
+                "route": {"zone": "eu", "pool": "a"},
+            },
+        })
+    );
+    // The model's one a day is spent: only the tenant's rule is under its limit now.
+    let second = server.ask(ask(1)).await;
+    let metadata = serde_json::to_value(second.dynamic_metadata.expect("metadata")).unwrap();
+    assert_eq!(metadata["hitsAddend"], 1.0);
+    assert_eq!(
+        metadata["metadata"],
+        serde_json::json!({"backend": "secondary", "tier": "gold", "route": {"zone": "eu"}})
+    );
+    assert!(metadata.get("quotaModeEnabled").is_none(), "{metadata}");
 }
 
 #[tokio::test]

@@ -1,60 +1,77 @@
-//! `dynamic_metadata` (when enabled): the domain, each descriptor's entries, code and limit
-//! name, quota-mode violations, and the `metadata` of every matched rule whose descriptor is
-//! under its limit — what Envoy needs to log, route on quota, or fail over.
+//! `dynamic_metadata` (when enabled), in upstream's shape (envoyproxy/ratelimit since its
+//! #1112): the `domain`; each descriptor's `entries` as `key=value` strings, with its
+//! `limit` override and `hitsAddend` when it has them; the request's `hitsAddend` when not
+//! 0; and under `metadata`, the `metadata` of every matched rule whose descriptor is under
+//! its limit, merged in request order (maps merge key by key; otherwise the first wins).
 
 use pbjson_types::{ListValue, Struct, Value, value::Kind};
 
+use crate::proto::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
 use crate::proto::envoy::service::ratelimit::v3::RateLimitRequest;
-use crate::proto::envoy::service::ratelimit::v3::rate_limit_response::Code;
 
 use super::response::Outcome;
 
 pub(super) fn build(request: &RateLimitRequest, outcomes: &[Outcome]) -> Struct {
     let mut fields = std::collections::HashMap::new();
-    // Rule metadata first, so floodgate's own fields win a name clash.
+    fields.insert("domain".into(), string(&request.domain));
+    let descriptors = request.descriptors.iter().map(descriptor).collect();
+    fields.insert("descriptors".into(), list(descriptors));
+    if request.hits_addend != 0 {
+        fields.insert("hitsAddend".into(), number(f64::from(request.hits_addend)));
+    }
+    let mut passed = Struct::default();
     for outcome in outcomes.iter().filter(|o| !o.over_limit) {
         if let Some(user) = outcome.rule.and_then(|rule| rule.metadata.as_ref()) {
-            for (key, value) in user {
-                fields.insert(key.clone(), json(value));
-            }
+            let user = user.iter().map(|(key, value)| (key.clone(), json(value)));
+            merge(&mut passed, user.collect());
         }
     }
-    let descriptors = request
-        .descriptors
-        .iter()
-        .zip(outcomes)
-        .map(|(descriptor, outcome)| {
-            let entries = descriptor
-                .entries
-                .iter()
-                .map(|e| object([("key", string(&e.key)), ("value", string(&e.value))]))
-                .collect();
-            let code = if outcome.status.code == Code::OverLimit as i32 {
-                "OVER_LIMIT"
-            } else {
-                "OK"
-            };
-            let mut item = vec![("entries", list(entries)), ("code", string(code))];
-            if let Some((Some(name), _, _)) = outcome.reported {
-                item.push(("limitName", string(name)));
-            }
-            object(item)
-        })
-        .collect();
-    fields.insert("domain".into(), string(&request.domain));
-    fields.insert("descriptors".into(), list(descriptors));
-    let violations: Vec<Value> = outcomes
-        .iter()
-        .enumerate()
-        .filter(|(_, o)| o.quota && o.over_limit)
-        .map(|(i, _)| number(i as f64))
-        .collect();
-    fields.insert(
-        "quotaModeEnabled".into(),
-        kind(Kind::BoolValue(outcomes.iter().any(|o| o.quota))),
-    );
-    fields.insert("quotaModeViolations".into(), list(violations));
+    if !passed.fields.is_empty() {
+        fields.insert("metadata".into(), kind(Kind::StructValue(passed)));
+    }
     Struct { fields }
+}
+
+/// One request descriptor as upstream writes it.
+fn descriptor(descriptor: &RateLimitDescriptor) -> Value {
+    let entries = (descriptor.entries.iter())
+        .map(|e| string(&format!("{}={}", e.key, e.value)))
+        .collect();
+    let mut item = vec![("entries", list(entries))];
+    if let Some(limit) = &descriptor.limit {
+        let text = format!(
+            "requests_per_unit:{} unit:{}",
+            limit.requests_per_unit,
+            crate::proto::envoy::r#type::v3::RateLimitUnit::try_from(limit.unit)
+                .map_or("UNKNOWN", |unit| unit.as_str_name())
+        );
+        item.push(("limit", string(&text)));
+    }
+    if let Some(hits) = descriptor.hits_addend {
+        item.push(("hitsAddend", number(hits.value as f64)));
+    }
+    object(item)
+}
+
+/// Adds `more` to `into`: a key both hold merges when both values are maps, and keeps
+/// `into`'s otherwise.
+fn merge(into: &mut Struct, more: std::collections::HashMap<String, Value>) {
+    for (key, value) in more {
+        match (into.fields.get_mut(&key), value) {
+            (None, value) => {
+                into.fields.insert(key, value);
+            }
+            (
+                Some(Value {
+                    kind: Some(Kind::StructValue(first)),
+                }),
+                Value {
+                    kind: Some(Kind::StructValue(second)),
+                },
+            ) => merge(first, second.fields),
+            (Some(_), _) => {}
+        }
+    }
 }
 
 fn kind(kind: Kind) -> Value {
