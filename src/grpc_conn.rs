@@ -20,7 +20,6 @@ use std::future::Future;
 use std::pin::pin;
 use std::time::Duration;
 
-use futures_util::StreamExt;
 use hyper::body::Incoming;
 use hyper::server::conn::http2;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
@@ -28,7 +27,7 @@ use hyper_util::service::TowerToHyperService;
 use tokio::sync::watch;
 use tokio::time::{Instant, sleep_until};
 
-use crate::socket::{Connection, Connections};
+use crate::socket::{Connection, Connections, next_until};
 
 /// The gRPC connection's receive window: 16 MiB of request bodies a connection may hold
 /// unread before h2 calls it abusive (at ~450 bytes a request, some 37,000).
@@ -53,23 +52,39 @@ pub struct Http2Limits {
     pub max_age_grace: Option<Duration>,
 }
 
-/// Serves `service` on every connection `incoming` yields until `stopped`, then drops the
-/// listener, sends every connection GOAWAY and returns once their calls are done.
-pub async fn serve<S>(
-    mut incoming: Connections,
-    service: S,
-    limits: Http2Limits,
-    stopped: impl Future<Output = ()>,
-) where
+/// What answers the port's calls: tonic's routes under floodgate's layers.
+pub trait CallService:
+    tower::Service<
+        http::Request<Incoming>,
+        Response = http::Response<tonic::body::Body>,
+        Error = Infallible,
+        Future: Send + 'static,
+    > + Clone
+    + Send
+    + 'static
+{
+}
+
+impl<S> CallService for S where
     S: tower::Service<
             http::Request<Incoming>,
             Response = http::Response<tonic::body::Body>,
             Error = Infallible,
+            Future: Send + 'static,
         > + Clone
         + Send
-        + 'static,
-    S::Future: Send + 'static,
+        + 'static
 {
+}
+
+/// Serves `service` on every connection `incoming` yields until `stopped`, then drops the
+/// listener, sends every connection GOAWAY and returns once their calls are done.
+pub async fn serve<S: CallService>(
+    mut incoming: Connections,
+    service: S,
+    limits: Http2Limits,
+    stopped: impl Future<Output = ()>,
+) {
     let mut builder = http2::Builder::new(TokioExecutor::new());
     // Under overload, answers fall behind and clients cancel the requests they stopped
     // waiting for; h2 answers 20 such resets, or a connection window's worth of unread
@@ -87,16 +102,8 @@ pub async fn serve<S>(
     let (drain, draining) = watch::channel(false);
     let mut stopped = pin!(stopped);
     loop {
-        let io = tokio::select! {
-            io = incoming.next() => match io {
-                Some(Ok(io)) => io,
-                Some(Err(error)) => {
-                    tracing::debug!("accepting a gRPC connection: {error}");
-                    continue;
-                }
-                None => break,
-            },
-            () = &mut stopped => break,
+        let Some(io) = next_until(&mut incoming, stopped.as_mut(), "gRPC").await else {
+            break;
         };
         let retire_at = limits.max_age.map(|age| Instant::now() + jittered(age));
         tokio::spawn(serve_connection(
@@ -121,23 +128,14 @@ fn jittered(age: Duration) -> Duration {
 
 /// Serves one connection until it ends: sent GOAWAY at `retire_at` (then closed after
 /// `grace`, if its calls are not done by then) or when the server drains.
-async fn serve_connection<S>(
+async fn serve_connection<S: CallService>(
     builder: http2::Builder<TokioExecutor>,
     io: Connection,
     service: TowerToHyperService<S>,
     retire_at: Option<Instant>,
     grace: Option<Duration>,
     mut draining: watch::Receiver<bool>,
-) where
-    S: tower::Service<
-            http::Request<Incoming>,
-            Response = http::Response<tonic::body::Body>,
-            Error = Infallible,
-        > + Clone
-        + Send
-        + 'static,
-    S::Future: Send + 'static,
-{
+) {
     let mut connection = pin!(builder.serve_connection(TokioIo::new(io), service));
     let mut retire = pin!(sleep_until_or_never(retire_at));
     let mut closes_at = pin!(sleep_until_or_never(None));

@@ -20,7 +20,6 @@ use std::time::Duration;
 use anyhow::Context as _;
 use axum::Router;
 use axum::response::IntoResponse;
-use futures_util::StreamExt;
 use hyper::body::Incoming;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
@@ -38,7 +37,7 @@ use crate::proto::envoy::service::ratelimit::v3::rate_limit_service_server::Rate
 use crate::service::RateLimiter;
 use crate::service::grpc::{CallDeadline, GrpcService, StampArrival};
 use crate::settings::ConnectionLimits;
-use crate::socket::{Connections, Listener};
+use crate::socket::{Connections, Listener, next_until};
 use crate::tls::ServerTls;
 
 /// Where and how the gRPC port listens.
@@ -332,16 +331,8 @@ async fn serve_http(
     let graceful = GracefulShutdown::new();
     let mut stopped = pin!(stopped);
     loop {
-        let io = tokio::select! {
-            io = incoming.next() => match io {
-                Some(Ok(io)) => io,
-                Some(Err(error)) => {
-                    tracing::debug!("accepting an HTTP connection: {error}");
-                    continue;
-                }
-                None => break,
-            },
-            () = &mut stopped => break,
+        let Some(io) = next_until(&mut incoming, stopped.as_mut(), "HTTP").await else {
+            break;
         };
         let router = router.clone();
         let service = hyper::service::service_fn(move |request: hyper::Request<Incoming>| {

@@ -81,6 +81,25 @@ pub enum Socket {
 /// A listener's connections: plain, or after their TLS handshake.
 pub type Connections = Pin<Box<dyn futures_util::Stream<Item = io::Result<Connection>> + Send>>;
 
+/// The next connection of `incoming`, until `stopped`; `None` once either ends. A failed
+/// accept or handshake is logged (naming the listener, `what`) and skipped.
+pub async fn next_until(
+    incoming: &mut Connections,
+    mut stopped: Pin<&mut impl std::future::Future<Output = ()>>,
+    what: &str,
+) -> Option<Connection> {
+    use futures_util::StreamExt;
+    loop {
+        tokio::select! {
+            io = incoming.next() => match io? {
+                Ok(io) => return Some(io),
+                Err(error) => tracing::debug!("accepting a {what} connection: {error}"),
+            },
+            () = stopped.as_mut() => return None,
+        }
+    }
+}
+
 /// A connection the gRPC server serves: plain, or under TLS once its handshake is done.
 pub enum Connection {
     Plain(Guarded<Socket>),

@@ -11,7 +11,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use floodgate::proto::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
-use harness::{Floodgate, OK, descriptor, request};
+use harness::{Floodgate, OK, RawCall, descriptor, request};
 use redis_harness::delay::DelayedLink;
 
 const RULES: &str = "
@@ -107,56 +107,13 @@ fn not_processed(status: &tonic::Status) -> bool {
     false
 }
 
-/// A call opened on a raw HTTP/2 connection with its body held back: the connection's
-/// driver, the answer to come and the body's sender.
-struct HeldCall {
-    connection: tokio::task::JoinHandle<Result<(), h2::Error>>,
-    response: h2::client::ResponseFuture,
-    body: h2::SendStream<bytes::Bytes>,
-}
-
-async fn hold_a_call(server: &Floodgate) -> HeldCall {
-    let tcp = tokio::net::TcpStream::connect(server.grpc_addr)
-        .await
-        .expect("connect");
-    let (client, connection) = h2::client::handshake(tcp).await.expect("HTTP/2");
-    let connection = tokio::spawn(connection);
-    let mut client = client.ready().await.expect("a stream");
-    let head = http::Request::post(format!(
-        "http://{}/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit",
-        server.grpc_addr
-    ))
-    .header("content-type", "application/grpc")
-    .header("te", "trailers")
-    .body(())
-    .expect("a request");
-    let (response, body) = client.send_request(head, false).expect("sent");
-    HeldCall {
-        connection,
-        response,
-        body,
-    }
-}
-
-/// Sends the held call's message and reads its gRPC status.
-async fn finish(call: &mut HeldCall) -> Option<String> {
-    use prost::Message;
-    let message = request("age", vec![descriptor(&[("user", "held")])]).encode_to_vec();
-    let mut framed = vec![0u8];
-    framed.extend_from_slice(&(message.len() as u32).to_be_bytes());
-    framed.extend_from_slice(&message);
-    call.body.send_data(framed.into(), true).ok()?;
-    let response = (&mut call.response).await.ok()?;
-    let (head, mut received) = response.into_parts();
-    // The answer's message, then its trailers.
-    while let Some(chunk) = received.data().await {
-        let chunk = chunk.ok()?;
-        let _ = received.flow_control().release_capacity(chunk.len());
-    }
-    let trailers = received.trailers().await.ok().flatten();
-    (head.headers.get("grpc-status"))
-        .or_else(|| trailers.as_ref().and_then(|t| t.get("grpc-status")))
-        .map(|status| status.to_str().expect("ascii").to_owned())
+/// Sends a held call's message and reads its gRPC status.
+async fn finish(call: &mut RawCall) -> Option<String> {
+    let message = request("age", vec![descriptor(&[("user", "held")])]);
+    call.body
+        .send_data(harness::grpc_frame(&message), true)
+        .ok()?;
+    harness::grpc_status(&mut call.response).await
 }
 
 #[tokio::test]
@@ -168,7 +125,7 @@ async fn a_retired_connections_call_in_flight_finishes_then_the_connection_close
             "3000",
         ),
     ]);
-    let mut call = hold_a_call(&server).await;
+    let mut call = harness::raw_call(server.grpc_addr, &[]).await;
     // Past the age (at most 330 ms): GOAWAY is out, the call is still in flight.
     tokio::time::sleep(Duration::from_millis(600)).await;
     assert_eq!(finish(&mut call).await.as_deref(), Some("0"), "answered OK");
@@ -189,7 +146,7 @@ async fn a_retired_connection_is_closed_at_the_end_of_its_grace() {
             "300",
         ),
     ]);
-    let call = hold_a_call(&server).await;
+    let call = harness::raw_call(server.grpc_addr, &[]).await;
     // The call never ends (its body is held): the connection is cut at age + grace (at
     // most 630 ms), not at the request timeout (10 s).
     let closed = tokio::time::timeout(Duration::from_secs(3), call.connection).await;

@@ -348,44 +348,22 @@ fn bash_completes_subcommands_and_flags_from_the_generated_script() {
 /// CANCELLED, later.
 #[tokio::test]
 async fn a_request_past_its_callers_deadline_is_refused_and_counts_nothing() {
-    use prost::Message;
-
     let server = Floodgate::start(&[("api.yaml", RULES)], &[]);
-    let tcp = tokio::net::TcpStream::connect(server.grpc_addr)
-        .await
-        .expect("connect");
-    let (client, connection) = h2::client::handshake(tcp).await.expect("HTTP/2");
-    tokio::spawn(connection);
-    let mut client = client.ready().await.expect("a stream");
-    let head = http::Request::post(format!(
-        "http://{}/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit",
-        server.grpc_addr
-    ))
-    .header("content-type", "application/grpc")
-    .header("te", "trailers")
-    .header("grpc-timeout", "1000m")
-    .body(())
-    .expect("a request");
-    let (response, mut body) = client.send_request(head, false).expect("sent");
-    // Past 800 ms (the deadline floodgate keeps), before 1,000 ms (tonic's).
+    let mut call = harness::raw_call(server.grpc_addr, &[("grpc-timeout", "1000m")]).await;
+    // Past 800 ms (the deadline floodgate keeps), before 1,000 ms (the call's own bound).
     tokio::time::sleep(Duration::from_millis(880)).await;
-    let message = request("api", vec![descriptor(&[("user", "late")])]).encode_to_vec();
-    let mut framed = vec![0u8];
-    framed.extend_from_slice(&(message.len() as u32).to_be_bytes());
-    framed.extend_from_slice(&message);
-    body.send_data(framed.into(), true).expect("the body");
-
-    let response = tokio::time::timeout(Duration::from_secs(5), response)
-        .await
-        .expect("an answer")
-        .expect("a response");
-    let (head, mut received) = response.into_parts();
-    let trailers = received.trailers().await.ok().flatten();
-    let status = (head.headers.get("grpc-status"))
-        .or_else(|| trailers.as_ref().and_then(|t| t.get("grpc-status")))
-        .map(|status| status.to_str().expect("ascii").to_owned());
+    let message = request("api", vec![descriptor(&[("user", "late")])]);
+    (call.body)
+        .send_data(harness::grpc_frame(&message), true)
+        .expect("the body");
+    let status = tokio::time::timeout(
+        Duration::from_secs(5),
+        harness::grpc_status(&mut call.response),
+    )
+    .await
+    .expect("an answer");
     let deadline_exceeded = (tonic::Code::DeadlineExceeded as i32).to_string();
-    assert_eq!(status.as_deref(), Some(deadline_exceeded.as_str()));
+    assert_eq!(status, Some(deadline_exceeded));
 
     let refused = "floodgate_requests_total{protocol=\"grpc\",method=\"ShouldRateLimit\",\
                    code=\"DEADLINE_EXCEEDED\"}";

@@ -434,3 +434,61 @@ pub async fn admitted(
     }
     total
 }
+
+/// A `ShouldRateLimit` call opened on a bare HTTP/2 connection, its body still to send: for
+/// what no gRPC client does (hold the body back, send it late, never end it).
+pub struct RawCall {
+    /// The connection's task: it ends when the server closes the connection.
+    pub connection: tokio::task::JoinHandle<Result<(), h2::Error>>,
+    pub response: h2::client::ResponseFuture,
+    pub body: h2::SendStream<bytes::Bytes>,
+}
+
+/// Opens a [`RawCall`] to the gRPC port `addr`, with `headers` beside gRPC's own.
+pub async fn raw_call(addr: SocketAddr, headers: &[(&str, &str)]) -> RawCall {
+    let tcp = tokio::net::TcpStream::connect(addr).await.expect("connect");
+    let (client, connection) = h2::client::handshake(tcp).await.expect("HTTP/2");
+    let connection = tokio::spawn(connection);
+    let mut client = client.ready().await.expect("a stream");
+    let mut head = http::Request::post(format!(
+        "http://{addr}/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit"
+    ))
+    .header("content-type", "application/grpc")
+    .header("te", "trailers");
+    for (name, value) in headers {
+        head = head.header(*name, *value);
+    }
+    let head = head.body(()).expect("a request");
+    let (response, body) = client.send_request(head, false).expect("sent");
+    RawCall {
+        connection,
+        response,
+        body,
+    }
+}
+
+/// `message` as one gRPC frame: uncompressed, its length, its bytes.
+pub fn grpc_frame(message: &RateLimitRequest) -> bytes::Bytes {
+    use prost::Message;
+    let message = message.encode_to_vec();
+    let mut framed = vec![0u8];
+    framed.extend_from_slice(&(message.len() as u32).to_be_bytes());
+    framed.extend_from_slice(&message);
+    framed.into()
+}
+
+/// The gRPC status of a raw call's answer (its headers, or its trailers after the body);
+/// `None` when the answer or the stream failed.
+pub async fn grpc_status(response: &mut h2::client::ResponseFuture) -> Option<String> {
+    let response = response.await.ok()?;
+    let (head, mut received) = response.into_parts();
+    // The answer's message, then its trailers.
+    while let Some(chunk) = received.data().await {
+        let chunk = chunk.ok()?;
+        let _ = received.flow_control().release_capacity(chunk.len());
+    }
+    let trailers = received.trailers().await.ok().flatten();
+    (head.headers.get("grpc-status"))
+        .or_else(|| trailers.as_ref().and_then(|t| t.get("grpc-status")))
+        .map(|status| status.to_str().expect("ascii").to_owned())
+}
