@@ -861,13 +861,8 @@ async fn global_quota_mode_makes_every_rule_soft() {
     assert_eq!(response.overall_code, OK);
 }
 
-/// `dynamic_metadata` in upstream's shape (envoyproxy/ratelimit #1112): the domain, the
-/// descriptors' entries as `key=value`, the request's `hitsAddend`, and the metadata of the
-/// rules under their limit merged under `metadata` (maps merged key by key, the first
-/// descriptor's value kept otherwise), so a rule's key never clashes with the response's.
-#[tokio::test]
-async fn dynamic_metadata_carries_the_metadata_of_the_rules_under_their_limit() {
-    const META: &str = "
+/// Two rules whose metadata overlap: maps merge, the first scalar stays.
+const META: &str = "
 domain: meta
 descriptors:
   - key: model
@@ -883,6 +878,13 @@ descriptors:
       route: {zone: eu}
     rate_limit: {unit: day, requests_per_unit: 100}
 ";
+
+/// `dynamic_metadata` in upstream's shape (envoyproxy/ratelimit #1112): the domain, the
+/// descriptors' entries as `key=value`, the request's `hitsAddend`, and the metadata of the
+/// rules under their limit merged under `metadata` (maps merged key by key, the first
+/// descriptor's value kept otherwise), so a rule's key never clashes with the response's.
+#[tokio::test]
+async fn dynamic_metadata_carries_the_metadata_of_the_rules_under_their_limit() {
     let server = Floodgate::start(&[("m.yaml", META)], &["--dynamic-metadata"]);
     let ask = |hits| {
         let mut ask = request(
