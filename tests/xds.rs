@@ -382,3 +382,31 @@ async fn an_overlays_file_replaced_by_a_fifo_keeps_the_overlays_in_force_and_the
     );
     assert_eq!(server.http("GET", "/healthz", "").0, 200);
 }
+
+/// A delivered descriptor's `metadata` (field 8, upstream #1174/#1175) reaches the response's
+/// dynamic metadata as a rule file's does, while the descriptor is under its limit.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_delivered_descriptors_metadata_reaches_the_dynamic_metadata() {
+    use pbjson_types::{Struct, Value, value::Kind};
+
+    let xds = XdsServer::start(None).await;
+    let mut configured = config("xds", "user", Some(RateLimitUnit::Minute), 2);
+    let backend = Value {
+        kind: Some(Kind::StringValue("primary".into())),
+    };
+    configured.descriptors[0].metadata = Some(Struct {
+        fields: [("backend".to_owned(), backend)].into(),
+    });
+    xds.push(Snapshot {
+        version: "1".into(),
+        configs: vec![configured],
+    });
+    let server = subscribed(&xds.url("http"), &[("FLOODGATE_DYNAMIC_METADATA", "true")]);
+    xds.ack_of("1").await;
+    let response = server.ask(ask("user", "m")).await;
+    let metadata = serde_json::to_value(response.dynamic_metadata.expect("metadata")).unwrap();
+    assert_eq!(
+        metadata["metadata"],
+        serde_json::json!({"backend": "primary"})
+    );
+}

@@ -169,6 +169,14 @@ impl Serialize for Descriptor<'_> {
         if let Some(policy) = self.additions.on_backend_error {
             map.serialize_entry("on_backend_error", policy)?;
         }
+        // A protobuf Struct serializes as the JSON object it stands for: a YAML mapping.
+        if let Some(metadata) = descriptor
+            .metadata
+            .as_ref()
+            .filter(|m| !m.fields.is_empty())
+        {
+            map.serialize_entry("metadata", metadata)?;
+        }
         if !descriptor.descriptors.is_empty() {
             map.serialize_entry("descriptors", &self.children)?;
         }
