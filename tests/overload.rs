@@ -19,14 +19,15 @@ use redis_harness::RedisServer;
 use redis_harness::netns::IsolatedRedis;
 use redis_harness::partition::Partition;
 
-/// One shared counter of 150 a minute, per-user counters that never run out, and one of a
+/// One shared counter of 150 a day (a window a test does not cross: a minute's rolled over
+/// under a run once, admitting 151), per-user counters that never run out, and one of a
 /// day that outlasts any partition; a hit that Redis cannot decide in time is rejected
 /// (fail_closed), so only Redis admits.
 const RULES: &str = "
 domain: busy
 descriptors:
   - key: shared
-    rate_limit: {unit: minute, requests_per_unit: 150}
+    rate_limit: {unit: day, requests_per_unit: 150}
     on_backend_error: fail_closed
   - key: user
     rate_limit: {unit: minute, requests_per_unit: 1000000}
