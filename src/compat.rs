@@ -329,8 +329,39 @@ impl<'a> Translator<'a> {
                 self.ignore("PROMETHEUS_PATH", "metrics are served on /metrics");
             }
         }
-        self.ignore("USE_STATSD", "statsd is not offered: scrape /metrics");
-        self.ignore("USE_DOG_STATSD", "statsd is not offered: scrape /metrics");
+        self.statsd()?;
+        self.ignore(
+            "USE_DOG_STATSD",
+            "DogStatsD tags are not offered: plain statsd (EXTRA_TAGS as .__key=value)",
+        );
+        Ok(())
+    }
+
+    /// Upstream's statsd stats: on unless `USE_STATSD=false` (upstream's default is on),
+    /// to `STATSD_HOST:STATSD_PORT` over `STATSD_PROTOCOL` (tcp), every
+    /// `STATS_FLUSH_INTERVAL`, with `EXTRA_TAGS`.
+    fn statsd(&mut self) -> Result<(), CompatError> {
+        let on = match self.get("USE_STATSD") {
+            None => true,
+            Some(_) => self.flag("USE_STATSD")?,
+        };
+        if !on {
+            return Ok(());
+        }
+        let host = self.or("STATSD_HOST", "localhost");
+        let port = self.or("STATSD_PORT", "8125");
+        self.set("statsd.addr", format!("{host}:{port}"));
+        match self.or("STATSD_PROTOCOL", "tcp").to_lowercase().as_str() {
+            protocol @ ("tcp" | "udp") => self.set("statsd.protocol", protocol),
+            other => {
+                return Err(CompatError(format!(
+                    "STATSD_PROTOCOL={other:?}: tcp or udp"
+                )));
+            }
+        }
+        let interval = self.millis("STATS_FLUSH_INTERVAL", "10s")?;
+        self.set("statsd.flush_interval_ms", interval);
+        self.copy("EXTRA_TAGS", "statsd.extra_tags");
         Ok(())
     }
 
@@ -596,12 +627,41 @@ mod tests {
         for (name, want) in expected {
             assert_eq!(value(&translated, name), Some(want), "{name}");
         }
-        assert!(
-            translated
-                .ignored
-                .iter()
-                .any(|i| i.starts_with("USE_STATSD"))
+        assert_eq!(value(&translated, "FLOODGATE_STATSD__ADDR"), None);
+    }
+
+    #[test]
+    fn statsd_is_on_by_default_as_upstreams_and_follows_its_variables() {
+        let default = translate(&env(&[])).expect("translates");
+        assert_eq!(
+            value(&default, "FLOODGATE_STATSD__ADDR"),
+            Some("localhost:8125")
         );
+        assert_eq!(value(&default, "FLOODGATE_STATSD__PROTOCOL"), Some("tcp"));
+        assert_eq!(
+            value(&default, "FLOODGATE_STATSD__FLUSH_INTERVAL_MS"),
+            Some("10000")
+        );
+        let set = translate(&env(&[
+            ("STATSD_HOST", "exporter"),
+            ("STATSD_PORT", "9125"),
+            ("STATSD_PROTOCOL", "udp"),
+            ("STATS_FLUSH_INTERVAL", "2s"),
+            ("EXTRA_TAGS", "env:prod"),
+        ]))
+        .expect("translates");
+        assert_eq!(value(&set, "FLOODGATE_STATSD__ADDR"), Some("exporter:9125"));
+        assert_eq!(value(&set, "FLOODGATE_STATSD__PROTOCOL"), Some("udp"));
+        assert_eq!(
+            value(&set, "FLOODGATE_STATSD__FLUSH_INTERVAL_MS"),
+            Some("2000")
+        );
+        assert_eq!(
+            value(&set, "FLOODGATE_STATSD__EXTRA_TAGS"),
+            Some("env:prod")
+        );
+        let refused = translate(&env(&[("STATSD_PROTOCOL", "sctp")]));
+        assert!(refused.unwrap_err().0.contains("STATSD_PROTOCOL"));
     }
 
     #[test]

@@ -81,6 +81,7 @@ More settings have no flag: set them in the --config file (TOML) or as FLOODGATE
   grpc_tls.{cert_file,key_file,client_ca_file,reload_interval_ms}   TLS and mutual TLS on gRPC
   grpc_unix_socket                     gRPC on a Unix socket instead of grpc_addr
   metrics_addr                         /metrics on a port of its own
+  statsd.{addr,protocol,flush_interval_ms,extra_tags}   upstream's stats to a statsd server
   admin_addr, admin_token, admin_tls.* the admin API (counters: get, reset)
   rules_source = \"xds\", xds.{server_url,node_id,node_cluster,ca_file,cert_file,key_file,
     server_name,overlays_file,...}     rules over xDS
@@ -440,6 +441,13 @@ async fn serve(settings: Settings) -> anyhow::Result<()> {
         admin,
     };
     let traced = limiter.clone();
+    // Sends upstream's stats to `statsd.addr`, if set, until the process exits.
+    let _statsd = {
+        let limiter = limiter.clone();
+        floodgate::metrics::statsd::spawn(&settings.statsd, move || {
+            limiter.metrics().statsd_totals()
+        })
+    };
     let readiness = if settings.readiness_follows_backend {
         Readiness::FollowsBackend
     } else {

@@ -106,6 +106,41 @@ impl Default for XdsSettings {
     }
 }
 
+/// envoyproxy/ratelimit's stats sent to a statsd server, beside `/metrics`.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct StatsdSettings {
+    /// `host:port` of the statsd server; none: nothing is sent.
+    pub addr: Option<String>,
+    pub protocol: StatsdProtocol,
+    /// How often the changes since the last flush are sent.
+    pub flush_interval_ms: u64,
+    /// Tags added to every stat, `key:value,key:value` (upstream's `EXTRA_TAGS`), written
+    /// as upstream's client writes them: a `.__key=value` suffix each.
+    pub extra_tags: String,
+}
+
+impl Default for StatsdSettings {
+    fn default() -> Self {
+        StatsdSettings {
+            addr: None,
+            protocol: StatsdProtocol::Tcp,
+            flush_interval_ms: 10_000,
+            extra_tags: String::new(),
+        }
+    }
+}
+
+/// How stats reach the statsd server.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum StatsdProtocol {
+    /// One connection, opened again after a failure (upstream's default).
+    #[default]
+    Tcp,
+    Udp,
+}
+
 /// Log line format.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, clap::ValueEnum)]
 #[serde(rename_all = "lowercase")]
@@ -215,6 +250,7 @@ pub struct Settings {
     /// Also serve `/metrics` alone on this address (envoyproxy/ratelimit's
     /// `PROMETHEUS_ADDR`); the HTTP port serves it anyway.
     pub metrics_addr: Option<SocketAddr>,
+    pub statsd: StatsdSettings,
     /// The admin API (read and reset counters) on this address; off when unset.
     pub admin_addr: Option<SocketAddr>,
     /// The bearer token every admin request must carry. Taken as written from
@@ -337,6 +373,7 @@ impl Default for Settings {
             grpc_tls: ListenerTls::default(),
             http_addr: SocketAddr::from(([127, 0, 0, 1], 8080)),
             metrics_addr: None,
+            statsd: StatsdSettings::default(),
             admin_addr: None,
             admin_token: None,
             admin_tls: ListenerTls::default(),

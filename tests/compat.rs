@@ -102,6 +102,11 @@ async fn started_as_ratelimit_it_serves_upstreams_file_environment() {
     let redis_url = format!("127.0.0.1:{}", redis.port());
     let collector = otlp_support::Collector::start().await;
     let traces_to = format!("http://{}", collector.grpc_addr);
+    // Upstream's stats over statsd, UDP: what a statsd exporter beside it would receive.
+    let statsd = tokio::net::UdpSocket::bind("127.0.0.1:0")
+        .await
+        .expect("a UDP port");
+    let statsd_port = statsd.local_addr().expect("its address").port().to_string();
     let upstream = Upstream::start(
         dir.path(),
         &[
@@ -116,6 +121,10 @@ async fn started_as_ratelimit_it_serves_upstreams_file_environment() {
             ("USE_PROMETHEUS", "true"),
             ("PROMETHEUS_ADDR", "127.0.0.1:0"),
             ("USE_STATSD", "true"),
+            ("STATSD_HOST", "127.0.0.1"),
+            ("STATSD_PORT", &statsd_port),
+            ("STATSD_PROTOCOL", "udp"),
+            ("STATS_FLUSH_INTERVAL", "100ms"),
             ("LOG_LEVEL", "info"),
             ("TRACING_ENABLED", "true"),
             ("TRACING_EXPORTER_PROTOCOL", "grpc"),
@@ -144,8 +153,19 @@ async fn started_as_ratelimit_it_serves_upstreams_file_environment() {
         "{page}"
     );
     assert_eq!(harness::http(metrics, "GET", "/rlconfig", "").0, 404);
-    let log = upstream.stderr();
-    assert!(log.contains("not honoured: USE_STATSD"), "{log}");
+    let mut datagram = [0u8; 2048];
+    let received = tokio::time::timeout(
+        std::time::Duration::from_secs(10),
+        statsd.recv(&mut datagram),
+    )
+    .await
+    .expect("stats within 10 s")
+    .expect("a datagram");
+    let stats = String::from_utf8_lossy(&datagram[..received]);
+    assert!(
+        stats.contains("ratelimit.service.config_load_success:1|c"),
+        "{stats}"
+    );
     // TRACING_* become the standard OTLP settings: spans under upstream's service name.
     let traced = collector
         .wait_for(|spans| {

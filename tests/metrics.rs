@@ -653,3 +653,76 @@ descriptors:
     assert_eq!(page.get(total, &rule) as u64, 1);
     assert_eq!(page.get(total, &override_series) as u64, 2);
 }
+
+/// Upstream's stats reach a statsd server as its client sends them: counters of the change
+/// since the last flush, under upstream's names, with `EXTRA_TAGS`' suffix; over TCP
+/// (upstream's default) and over UDP.
+#[tokio::test]
+async fn upstreams_stats_reach_a_statsd_server_over_tcp_and_udp() {
+    use std::collections::HashMap;
+    use tokio::io::AsyncBufReadExt;
+    use tokio::sync::mpsc;
+
+    let hits = "ratelimit.service.rate_limit.shop.user_id.total_hits.__env=test";
+    let loads = "ratelimit.service.config_load_success.__env=test";
+    let requests = "ratelimit_server.ShouldRateLimit.total_requests.__env=test";
+    for protocol in ["tcp", "udp"] {
+        // The statsd server: every line it receives, on a channel.
+        let (lines, mut received) = mpsc::unbounded_channel::<String>();
+        let addr = if protocol == "tcp" {
+            let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+            let addr = listener.local_addr().unwrap();
+            tokio::spawn(async move {
+                while let Ok((stream, _)) = listener.accept().await {
+                    let lines = lines.clone();
+                    tokio::spawn(async move {
+                        let mut reader = tokio::io::BufReader::new(stream).lines();
+                        while let Ok(Some(line)) = reader.next_line().await {
+                            let _ = lines.send(line);
+                        }
+                    });
+                }
+            });
+            addr
+        } else {
+            let socket = tokio::net::UdpSocket::bind("127.0.0.1:0").await.unwrap();
+            let addr = socket.local_addr().unwrap();
+            tokio::spawn(async move {
+                let mut datagram = [0u8; 2048];
+                while let Ok(n) = socket.recv(&mut datagram).await {
+                    for line in String::from_utf8_lossy(&datagram[..n]).lines() {
+                        let _ = lines.send(line.to_owned());
+                    }
+                }
+            });
+            addr
+        };
+        let addr = addr.to_string();
+        let server = Floodgate::start_with_env(
+            &[("shop.yaml", RULES)],
+            &[],
+            &[
+                ("FLOODGATE_STATSD__ADDR", addr.as_str()),
+                ("FLOODGATE_STATSD__PROTOCOL", protocol),
+                ("FLOODGATE_STATSD__FLUSH_INTERVAL_MS", "100"),
+                ("FLOODGATE_STATSD__EXTRA_TAGS", "env:test"),
+            ],
+        );
+        let ask = request("shop", vec![descriptor(&[("user_id", "u1")])]);
+        send(&server, &ask, 7).await;
+        // Counts summed over flushes, until every request is in them (or 10 s pass).
+        let mut sums: HashMap<String, u64> = HashMap::new();
+        let until = tokio::time::Instant::now() + std::time::Duration::from_secs(10);
+        while sums.get(requests) != Some(&7) || sums.get(hits) != Some(&7) {
+            let line = tokio::time::timeout_at(until, received.recv())
+                .await
+                .unwrap_or_else(|_| panic!("{protocol}: only {sums:?}"))
+                .expect("the server runs");
+            let (name, value) = line.split_once(':').expect("name:value|type");
+            let value = value.strip_suffix("|c").expect("a counter");
+            *sums.entry(name.to_owned()).or_default() += value.parse::<u64>().expect("a count");
+        }
+        assert_eq!(sums.get(loads), Some(&1), "{protocol}: {sums:?}");
+        drop(server);
+    }
+}

@@ -14,6 +14,7 @@ mod exposition;
 mod histogram;
 mod process;
 mod rule_stats;
+pub mod statsd;
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
@@ -29,6 +30,38 @@ use crate::backend::{Backend, BackendError, MemoryBackend};
 use crate::limiter::Decision;
 use crate::proto::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry;
 use crate::rules::{MetricLevel, Origin, Rule};
+
+/// One of a rule's counts: the name upstream gives it, what `/metrics` says of it, and how
+/// it is read.
+type RuleCount = (&'static str, &'static str, fn(&RuleStats) -> u64);
+
+/// A rule's counts.
+const RULE_COUNTS: [RuleCount; 6] = [
+    ("total_hits", "Hits (request cost) on the rule.", |s| {
+        s.total_hits.get()
+    }),
+    ("over_limit", "Hits over the rule's limit.", |s| {
+        s.over_limit.get()
+    }),
+    (
+        "near_limit",
+        "Hits above near_limit_ratio of the rule's limit.",
+        |s| s.near_limit.get(),
+    ),
+    ("within_limit", "Hits within the rule's limit.", |s| {
+        s.within_limit.get()
+    }),
+    (
+        "shadow_mode",
+        "Over-limit hits let through by the rule's shadow_mode.",
+        |s| s.shadow_mode.get(),
+    ),
+    (
+        "over_limit_with_local_cache",
+        "Over-limit hits answered by the over-limit cache, without the backend.",
+        |s| s.over_limit_with_local_cache.get(),
+    ),
+];
 
 /// Everything the service counts, one per [`RateLimiter`](crate::service::RateLimiter).
 #[derive(Debug)]
@@ -138,39 +171,12 @@ impl Metrics {
     }
 
     fn render_rules(&self, page: &mut Exposition) {
-        type Read = fn(&RuleStats) -> u64;
-        let families: [(&str, &str, Read); 6] = [
-            ("total_hits", "Hits (request cost) on the rule.", |s| {
-                s.total_hits.get()
-            }),
-            ("over_limit", "Hits over the rule's limit.", |s| {
-                s.over_limit.get()
-            }),
-            (
-                "near_limit",
-                "Hits above near_limit_ratio of the rule's limit.",
-                |s| s.near_limit.get(),
-            ),
-            ("within_limit", "Hits within the rule's limit.", |s| {
-                s.within_limit.get()
-            }),
-            (
-                "shadow_mode",
-                "Over-limit hits let through by the rule's shadow_mode.",
-                |s| s.shadow_mode.get(),
-            ),
-            (
-                "over_limit_with_local_cache",
-                "Over-limit hits answered by the over-limit cache, without the backend.",
-                |s| s.over_limit_with_local_cache.get(),
-            ),
-        ];
         let series = self.rules.all();
         let label_names: Vec<String> =
             (1..=series.iter().map(|((_, p), _)| p.len()).max().unwrap_or(0))
                 .map(|level| format!("key{level}"))
                 .collect();
-        for (suffix, help, read) in families {
+        for (suffix, help, read) in RULE_COUNTS {
             let name = format!("ratelimit_service_rate_limit_{suffix}");
             page.family(&name, Kind::Counter, help);
             for ((domain, path), stats) in &series {
@@ -181,6 +187,60 @@ impl Metrics {
                 page.sample(&name, &labels, read(stats));
             }
         }
+    }
+
+    /// Requests answered with an error, as upstream counts them: `redis_error` when the
+    /// backend failed them (UNAVAILABLE), `service_error` when they were malformed.
+    fn errors(&self) -> [(&'static str, u64); 2] {
+        [
+            ("redis_error", Code::Unavailable),
+            ("service_error", Code::InvalidArgument),
+        ]
+        .map(|(err_type, code)| {
+            let mut count: u64 = (Endpoint::ALL.iter())
+                .map(|&endpoint| self.requests(endpoint).codes[code as usize].get())
+                .sum();
+            if code == Code::InvalidArgument {
+                count += UNDECODABLE.load(Ordering::Relaxed);
+            }
+            (err_type, count)
+        })
+    }
+
+    /// Every count upstream sends to statsd, under its statsd name, as a total since start
+    /// (`statsd.rs` sends what changed): each rule's six counts
+    /// (`ratelimit.service.rate_limit.<domain>.<key path>.<count>`), the rule loads, the
+    /// requests answered with an error, and the gRPC requests served.
+    pub fn statsd_totals(&self) -> Vec<(String, u64)> {
+        let mut totals = Vec::new();
+        for ((domain, path), stats) in self.rules.all() {
+            let base = format!("ratelimit.service.rate_limit.{domain}.{}", path.join("."));
+            for (count, _, read) in RULE_COUNTS {
+                totals.push((format!("{base}.{count}"), read(&stats)));
+            }
+        }
+        let service = [
+            ("config_load_success", self.config_loads.success.get()),
+            ("config_load_error", self.config_loads.error.get()),
+            ("global_shadow_mode", self.global_shadow_mode.get()),
+        ];
+        for (name, value) in service {
+            totals.push((format!("ratelimit.service.{name}"), value));
+        }
+        for (err_type, count) in self.errors() {
+            totals.push((
+                format!("ratelimit.service.call.should_rate_limit.{err_type}"),
+                count,
+            ));
+        }
+        let grpc = self.requests(Endpoint::GrpcShouldRateLimit);
+        let served = (grpc.codes.iter()).map(Counter::get).sum::<u64>()
+            + UNDECODABLE.load(Ordering::Relaxed);
+        totals.push((
+            "ratelimit_server.ShouldRateLimit.total_requests".into(),
+            served,
+        ));
+        totals
     }
 
     fn render_service(&self, page: &mut Exposition) {
@@ -234,16 +294,7 @@ impl Metrics {
                     backend failed and the rule left the answer to the caller) or service_error \
                     (a malformed request).";
         page.family(name, Kind::Counter, help);
-        for (err_type, code) in [
-            ("redis_error", Code::Unavailable),
-            ("service_error", Code::InvalidArgument),
-        ] {
-            let mut count: u64 = (Endpoint::ALL.iter())
-                .map(|&endpoint| self.requests(endpoint).codes[code as usize].get())
-                .sum();
-            if code == Code::InvalidArgument {
-                count += UNDECODABLE.load(Ordering::Relaxed);
-            }
+        for (err_type, count) in self.errors() {
             page.sample(name, &[("err_type", err_type)], count);
         }
 

@@ -1,0 +1,189 @@
+//! envoyproxy/ratelimit's stats sent to a statsd server (`statsd.addr`), beside `/metrics`:
+//! for a deployment that reads them through a statsd exporter (Envoy Gateway runs one beside
+//! upstream's image), so that swapping the image keeps its dashboards fed.
+//!
+//! Every `statsd.flush_interval_ms`, each count that changed since the last flush is sent as
+//! a statsd counter of its change (`name:change|c`), under upstream's names
+//! ([`super::Metrics::statsd_totals`]), each with the `statsd.extra_tags` suffix upstream's client
+//! writes (`.__key=value`). Over TCP (upstream's default) one connection is kept and opened
+//! again after a failure; over UDP the lines go in datagrams of at most [`DATAGRAM`] bytes.
+//! A flush that fails is not lost: its changes go with the next one. Not sent (yet):
+//! upstream's response-time timer and its local-cache gauges.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use tokio::io::AsyncWriteExt;
+use tokio::net::{TcpStream, UdpSocket};
+
+use crate::settings::{StatsdProtocol, StatsdSettings};
+
+/// The most bytes of one UDP datagram: what fits an Ethernet frame without fragmenting.
+const DATAGRAM: usize = 1432;
+
+/// How long opening the TCP connection may take.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// Sends the changes of the counts `totals` reads (under their statsd names) to the statsd
+/// server of `settings`, every flush interval; `None` when no server is set.
+pub fn spawn(
+    settings: &StatsdSettings,
+    totals: impl Fn() -> Vec<(String, u64)> + Send + 'static,
+) -> Option<tokio::task::JoinHandle<()>> {
+    let addr = settings.addr.clone()?;
+    let mut sink = Sink {
+        addr,
+        protocol: settings.protocol,
+        suffix: tag_suffix(&settings.extra_tags),
+        sent: HashMap::new(),
+        connection: None,
+    };
+    let interval = Duration::from_millis(settings.flush_interval_ms.max(1));
+    Some(tokio::spawn(async move {
+        let mut ticks = tokio::time::interval(interval);
+        ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        ticks.tick().await;
+        let mut failing = false;
+        loop {
+            ticks.tick().await;
+            match sink.flush(totals()).await {
+                Ok(()) => failing = false,
+                Err(error) if !failing => {
+                    failing = true;
+                    tracing::warn!(addr = %sink.addr, %error, "statsd: could not send the stats; trying again at each flush");
+                }
+                Err(_) => {}
+            }
+        }
+    }))
+}
+
+/// `key:value,key:value` as upstream's client writes tags on a plain statsd name:
+/// `.__key=value` each, in the order given.
+fn tag_suffix(tags: &str) -> String {
+    (tags.split(','))
+        .filter_map(|tag| tag.split_once(':'))
+        .map(|(key, value)| format!(".__{}={}", key.trim(), value.trim()))
+        .collect()
+}
+
+struct Sink {
+    addr: String,
+    protocol: StatsdProtocol,
+    suffix: String,
+    /// The totals the server has been sent.
+    sent: HashMap<String, u64>,
+    connection: Option<TcpStream>,
+}
+
+impl Sink {
+    /// Sends what changed since the last flush that went out.
+    async fn flush(&mut self, totals: Vec<(String, u64)>) -> std::io::Result<()> {
+        let lines = self.changes(&totals);
+        if !lines.is_empty() {
+            self.send(&lines).await?;
+        }
+        self.sent.extend(totals);
+        Ok(())
+    }
+
+    /// One `name:change|c` line per count whose total moved.
+    fn changes(&self, totals: &[(String, u64)]) -> Vec<String> {
+        (totals.iter())
+            .filter_map(|(name, total)| {
+                let change = total.saturating_sub(self.sent.get(name).copied().unwrap_or(0));
+                (change > 0).then(|| format!("{name}{}:{change}|c\n", self.suffix))
+            })
+            .collect()
+    }
+
+    async fn send(&mut self, lines: &[String]) -> std::io::Result<()> {
+        match self.protocol {
+            StatsdProtocol::Tcp => {
+                let connection = match self.connection.as_mut() {
+                    Some(connection) => connection,
+                    None => {
+                        let connect = TcpStream::connect(&self.addr);
+                        let connection = tokio::time::timeout(CONNECT_TIMEOUT, connect)
+                            .await
+                            .map_err(|_| std::io::ErrorKind::TimedOut)??;
+                        self.connection.insert(connection)
+                    }
+                };
+                let written = connection.write_all(lines.concat().as_bytes()).await;
+                if written.is_err() {
+                    self.connection = None;
+                }
+                written
+            }
+            StatsdProtocol::Udp => {
+                let socket = UdpSocket::bind(("0.0.0.0", 0)).await?;
+                socket.connect(&self.addr).await?;
+                for datagram in datagrams(lines) {
+                    socket.send(datagram.as_bytes()).await?;
+                }
+                Ok(())
+            }
+        }
+    }
+}
+
+/// `lines` packed into datagrams of at most [`DATAGRAM`] bytes (a longer line alone).
+fn datagrams(lines: &[String]) -> Vec<String> {
+    let mut datagrams = vec![String::new()];
+    for line in lines {
+        let last = datagrams.last_mut().expect("one datagram at least");
+        if !last.is_empty() && last.len() + line.len() > DATAGRAM {
+            datagrams.push(line.clone());
+        } else {
+            last.push_str(line);
+        }
+    }
+    datagrams
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tags_are_written_as_upstreams_client_writes_them() {
+        assert_eq!(tag_suffix(""), "");
+        assert_eq!(tag_suffix("env:prod, zone:eu"), ".__env=prod.__zone=eu");
+    }
+
+    #[test]
+    fn only_the_change_since_the_last_flush_is_sent() {
+        let mut sink = Sink {
+            addr: String::new(),
+            protocol: StatsdProtocol::Udp,
+            suffix: ".__env=prod".into(),
+            sent: HashMap::new(),
+            connection: None,
+        };
+        let totals = vec![
+            ("a.total_hits".to_owned(), 5),
+            ("a.over_limit".to_owned(), 0),
+        ];
+        assert_eq!(sink.changes(&totals), ["a.total_hits.__env=prod:5|c\n"]);
+        sink.sent.extend(totals);
+        let later = vec![
+            ("a.total_hits".to_owned(), 7),
+            ("a.over_limit".to_owned(), 0),
+        ];
+        assert_eq!(sink.changes(&later), ["a.total_hits.__env=prod:2|c\n"]);
+    }
+
+    #[test]
+    fn datagrams_hold_whole_lines_within_the_bound() {
+        let lines: Vec<String> = (0..100).map(|i| format!("stat.{i:040}:1|c\n")).collect();
+        let packed = datagrams(&lines);
+        assert!(packed.len() > 1);
+        assert!(
+            packed
+                .iter()
+                .all(|d| d.len() <= DATAGRAM && d.ends_with('\n'))
+        );
+        assert_eq!(packed.concat(), lines.concat());
+    }
+}
