@@ -710,10 +710,12 @@ async fn upstreams_stats_reach_a_statsd_server_over_tcp_and_udp() {
         );
         let ask = request("shop", vec![descriptor(&[("user_id", "u1")])]);
         send(&server, &ask, 7).await;
+        let nowhere = request("nowhere", vec![descriptor(&[("user_id", "u1")])]);
+        send(&server, &nowhere, 1).await;
         // Counts summed over flushes, until every request is in them (or 10 s pass).
         let mut sums: HashMap<String, u64> = HashMap::new();
         let until = tokio::time::Instant::now() + std::time::Duration::from_secs(10);
-        while sums.get(requests) != Some(&7) || sums.get(hits) != Some(&7) {
+        while sums.get(requests) != Some(&8) || sums.get(hits) != Some(&7) {
             let line = tokio::time::timeout_at(until, received.recv())
                 .await
                 .unwrap_or_else(|_| panic!("{protocol}: only {sums:?}"))
@@ -723,6 +725,27 @@ async fn upstreams_stats_reach_a_statsd_server_over_tcp_and_udp() {
             *sums.entry(name.to_owned()).or_default() += value.parse::<u64>().expect("a count");
         }
         assert_eq!(sums.get(loads), Some(&1), "{protocol}: {sums:?}");
+        let not_found = "ratelimit.service.rate_limit.nowhere.domain_not_found.__env=test";
+        assert_eq!(sums.get(not_found), Some(&1), "{protocol}: {sums:?}");
         drop(server);
     }
+}
+
+/// A request for a domain no rule names is counted by that domain, as upstream's
+/// `domain_not_found`.
+#[tokio::test]
+async fn requests_for_an_unknown_domain_are_counted_by_domain() {
+    let server = Floodgate::start(&[("shop.yaml", RULES)], &[]);
+    let nowhere = request("nowhere", vec![descriptor(&[("user_id", "u1")])]);
+    send(&server, &nowhere, 3).await;
+    send(
+        &server,
+        &request("shop", vec![descriptor(&[("user_id", "u1")])]),
+        1,
+    )
+    .await;
+    let page = scrape(&server).await;
+    let name = "ratelimit_service_rate_limit_domain_not_found";
+    assert_eq!(page.get(name, &[("domain", "nowhere")]) as u64, 3);
+    assert_eq!(page.series(name).len(), 1, "a known domain is not counted");
 }

@@ -71,7 +71,14 @@ pub struct Metrics {
     requests: [RequestStats; Endpoint::ALL.len()],
     config_loads: ConfigLoads,
     global_shadow_mode: Counter,
+    /// Requests for a domain no rule file names, by that domain (at most
+    /// [`MAX_UNKNOWN_DOMAINS`] of them).
+    domains_not_found: std::sync::Mutex<std::collections::BTreeMap<String, u64>>,
 }
+
+/// Unknown domains counted by name beyond this many are not: a client that sends a new
+/// domain per request must not grow the page (and this process) without bound.
+pub const MAX_UNKNOWN_DOMAINS: usize = 1_000;
 
 impl Metrics {
     /// `near_limit_ratio`: the share of a limit above which hits count as near it.
@@ -82,6 +89,7 @@ impl Metrics {
             requests: Default::default(),
             config_loads: ConfigLoads::default(),
             global_shadow_mode: Counter::default(),
+            domains_not_found: Default::default(),
         }
     }
 
@@ -93,6 +101,27 @@ impl Metrics {
     /// The requests served on `endpoint`.
     pub fn requests(&self, endpoint: Endpoint) -> &RequestStats {
         &self.requests[endpoint as usize]
+    }
+
+    /// A request for `domain`, which no rule names (upstream's `domain_not_found`).
+    pub fn record_domain_not_found(&self, domain: &str) {
+        let mut counts =
+            (self.domains_not_found.lock()).unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Some(count) = counts.get_mut(domain) {
+            *count += 1;
+        } else if counts.len() < MAX_UNKNOWN_DOMAINS {
+            counts.insert(domain.to_owned(), 1);
+        }
+    }
+
+    /// The unknown domains asked for, and how often.
+    fn domains_not_found(&self) -> Vec<(String, u64)> {
+        let counts =
+            (self.domains_not_found.lock()).unwrap_or_else(std::sync::PoisonError::into_inner);
+        counts
+            .iter()
+            .map(|(domain, n)| (domain.clone(), *n))
+            .collect()
     }
 
     /// A request that global shadow mode answered OK although it was over limit.
@@ -233,6 +262,10 @@ impl Metrics {
                 count,
             ));
         }
+        for (domain, count) in self.domains_not_found() {
+            let name = format!("ratelimit.service.rate_limit.{domain}.domain_not_found");
+            totals.push((name, count));
+        }
         let grpc = self.requests(Endpoint::GrpcShouldRateLimit);
         let served = (grpc.codes.iter()).map(Counter::get).sum::<u64>()
             + UNDECODABLE.load(Ordering::Relaxed);
@@ -264,6 +297,12 @@ impl Metrics {
         for (name, help, value) in counters {
             page.family(name, Kind::Counter, help);
             page.sample(name, &[], value);
+        }
+        let name = "ratelimit_service_rate_limit_domain_not_found";
+        let help = "Requests for a domain no rule names, by domain (the first 1,000 domains).";
+        page.family(name, Kind::Counter, help);
+        for (domain, count) in self.domains_not_found() {
+            page.sample(name, &[("domain", domain.as_str())], count);
         }
 
         let name = "floodgate_requests_total";

@@ -211,11 +211,12 @@ impl RateLimiter {
         let rules = self.rules.load();
         let resolutions = match rules.domain(&request.domain) {
             Some(domain) => resolve_all(domain, &request.descriptors)?,
-            None => request
-                .descriptors
-                .iter()
-                .map(|_| Resolution::Pass)
-                .collect(),
+            None => {
+                self.metrics.record_domain_not_found(&request.domain);
+                (request.descriptors.iter())
+                    .map(|_| Resolution::Pass)
+                    .collect()
+            }
         };
 
         let mut hits = Vec::new();
