@@ -294,10 +294,10 @@ async fn over_limit_answers_carry_the_xds_rule() {
     assert_eq!(limit.requests_per_unit, 1);
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_overlay_gives_a_delivered_rule_floodgates_algorithm_and_burst() {
+/// A floodgate under snapshot 1 (one a minute on `user`), which an overlays file makes a
+/// bucket of 4: the server, floodgate, the file's directory and the file.
+async fn with_bucket_overlay() -> (XdsServer, Floodgate, tempfile::TempDir, std::path::PathBuf) {
     let xds = XdsServer::start(None).await;
-    // One a minute as delivered; a bucket of 4 with the overlay.
     xds.push(Snapshot::limit("1", "xds", "user", 1));
     let dir = tempfile::tempdir().expect("a directory");
     let overlays = dir.path().join("overlays.toml");
@@ -309,6 +309,12 @@ async fn an_overlay_gives_a_delivered_rule_floodgates_algorithm_and_burst() {
     let path = overlays.display().to_string();
     let server = subscribed(&xds.url("http"), &[("FLOODGATE_XDS__OVERLAYS_FILE", &path)]);
     xds.ack_of("1").await;
+    (xds, server, dir, overlays)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_overlay_gives_a_delivered_rule_floodgates_algorithm_and_burst() {
+    let (xds, server, _dir, overlays) = with_bucket_overlay().await;
     assert_eq!(allowed(&server, "user", "a", 6).await, 4);
     let (_, rules) = server.http("GET", "/rlconfig", "");
     assert!(rules.contains("algorithm=token_bucket, burst=4"), "{rules}");
@@ -351,18 +357,8 @@ fn an_overlays_file_that_does_not_read_stops_the_start_naming_it() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_overlays_file_replaced_by_a_fifo_keeps_the_overlays_in_force_and_the_server_answering()
 {
-    let xds = XdsServer::start(None).await;
-    xds.push(Snapshot::limit("1", "xds", "user", 1));
-    let dir = tempfile::tempdir().expect("a directory");
-    let overlays = dir.path().join("overlays.toml");
-    std::fs::write(
-        &overlays,
-        "[[overlay]]\ndomain = 'xds'\npath = ['user']\nalgorithm = 'token_bucket'\nburst = 4\n",
-    )
-    .expect("the overlays file");
+    let (xds, server, _dir, overlays) = with_bucket_overlay().await;
     let path = overlays.display().to_string();
-    let server = subscribed(&xds.url("http"), &[("FLOODGATE_XDS__OVERLAYS_FILE", &path)]);
-    xds.ack_of("1").await;
 
     // A FIFO no one writes: opening it to read would wait for a writer.
     std::fs::remove_file(&overlays).expect("remove the overlays file");
