@@ -17,6 +17,38 @@ use std::time::Duration;
 /// hundred bytes) and its expiry, in the map and its expiry order.
 const LOCAL_CACHE_ENTRY_BYTES: u64 = 128;
 
+/// The variables of one of upstream's Redis connections, and the settings they become.
+struct RedisVariables {
+    prefix: &'static str,
+    default_url: &'static str,
+    backend: &'static str,
+    url: &'static str,
+    username: &'static str,
+    password: &'static str,
+    sentinel_master: &'static str,
+}
+
+const MAIN_REDIS: RedisVariables = RedisVariables {
+    prefix: "REDIS",
+    default_url: "/var/run/nutcracker/ratelimit.sock",
+    backend: "backend",
+    url: "redis_url",
+    username: "redis_username",
+    password: "redis_password",
+    sentinel_master: "redis_sentinel_master",
+};
+
+/// `REDIS_PERSECOND=true`: per-second limits' counters in a Redis of their own.
+const PER_SECOND_REDIS: RedisVariables = RedisVariables {
+    prefix: "REDIS_PERSECOND",
+    default_url: "/var/run/nutcracker/ratelimitpersecond.sock",
+    backend: "redis_per_second.backend",
+    url: "redis_per_second.url",
+    username: "redis_per_second.username",
+    password: "redis_per_second.password",
+    sentinel_master: "redis_per_second.sentinel_master",
+};
+
 /// Why upstream's environment cannot be served.
 #[derive(Debug, PartialEq, Eq, thiserror::Error)]
 #[error("envoyproxy/ratelimit environment: {0}")]
@@ -205,66 +237,85 @@ impl<'a> Translator<'a> {
                 )));
             }
         }
-        let kind = match self.or("REDIS_TYPE", "SINGLE").to_uppercase().as_str() {
-            "SINGLE" => "redis",
-            "CLUSTER" => "redis-cluster",
-            "SENTINEL" => "redis-sentinel",
-            other => {
-                return Err(CompatError(format!(
-                    "REDIS_TYPE={other:?}: SINGLE, CLUSTER or SENTINEL"
-                )));
-            }
-        };
-        self.set("backend", kind);
-        let tls = self.flag("REDIS_TLS")?;
-        let url = self.or("REDIS_URL", "/var/run/nutcracker/ratelimit.sock");
-        let mut addresses: Vec<&str> = url.split(',').map(str::trim).collect();
-        if kind == "redis-sentinel" {
-            // Upstream: the primary's name first, then the sentinels.
-            self.set("redis_sentinel_master", addresses.remove(0));
+        self.redis(&MAIN_REDIS)?;
+        if self.flag("REDIS_PERSECOND")? {
+            self.redis(&PER_SECOND_REDIS)?;
         }
-        let suffix = if self.flag("REDIS_TLS_SKIP_HOSTNAME_VERIFICATION")? {
-            "/#insecure"
-        } else {
-            ""
-        };
-        let urls = match self.or("REDIS_SOCKET_TYPE", "unix") {
-            "unix" if kind == "redis" => format!("redis+unix://{}", addresses.join("")),
-            "tcp" => {
-                let scheme = if tls { "rediss" } else { "redis" };
-                (addresses.iter())
-                    .map(|address| format!("{scheme}://{address}{suffix}"))
-                    .collect::<Vec<_>>()
-                    .join(",")
-            }
-            other => {
-                return Err(CompatError(format!(
-                    "REDIS_SOCKET_TYPE={other:?}: tcp, or unix for a single Redis"
-                )));
-            }
-        };
-        self.set("redis_url", urls);
-        if let Some(auth) = self.get("REDIS_AUTH") {
-            match auth.split_once(':') {
-                Some((user, password)) => {
-                    self.set("redis_username", user);
-                    self.set("redis_password", password);
-                }
-                None => self.set("redis_password", auth),
-            }
-        }
+        let tls = self.flag("REDIS_TLS")? || self.flag("REDIS_PERSECOND_TLS")?;
         if tls {
             self.copy("REDIS_TLS_CACERT", "redis_tls_ca_file");
             self.copy("REDIS_TLS_CLIENT_CERT", "redis_tls_cert_file");
             self.copy("REDIS_TLS_CLIENT_KEY", "redis_tls_key_file");
         }
         self.copy("CACHE_KEY_PREFIX", "redis_key_prefix");
+        self.ignore("MEMCACHE_HOST_PORT", "memcache is not offered");
+        Ok(())
+    }
+
+    /// One Redis connection's variables (`REDIS_*`, or `REDIS_PERSECOND_*`) as the settings
+    /// `redis` names.
+    fn redis(&mut self, redis: &RedisVariables) -> Result<(), CompatError> {
+        let var = |name: &str| format!("{}_{name}", redis.prefix);
+        let kind = match self.or(&var("TYPE"), "SINGLE").to_uppercase().as_str() {
+            "SINGLE" => "redis",
+            "CLUSTER" => "redis-cluster",
+            "SENTINEL" => "redis-sentinel",
+            other => {
+                return Err(CompatError(format!(
+                    "{}={other:?}: SINGLE, CLUSTER or SENTINEL",
+                    var("TYPE")
+                )));
+            }
+        };
+        self.set(redis.backend, kind);
+        let tls = self.flag(&var("TLS"))?;
+        let url = self.or(&var("URL"), redis.default_url);
+        let mut addresses: Vec<&str> = url.split(',').map(str::trim).collect();
+        if kind == "redis-sentinel" {
+            // Upstream: the primary's name first, then the sentinels.
+            self.set(redis.sentinel_master, addresses.remove(0));
+        }
+        let suffix = if self.flag("REDIS_TLS_SKIP_HOSTNAME_VERIFICATION")? {
+            "/#insecure"
+        } else {
+            ""
+        };
+        // The sentinels' own password goes in their URLs; the primary's is `*_AUTH`.
+        let sentinel_auth = (kind == "redis-sentinel")
+            .then(|| self.get(&var("SENTINEL_AUTH")))
+            .flatten()
+            .map(|auth| format!(":{}@", percent_encoded(auth)))
+            .unwrap_or_default();
+        let urls = match self.or(&var("SOCKET_TYPE"), "unix") {
+            "unix" if kind == "redis" => format!("redis+unix://{}", addresses.join("")),
+            "tcp" => {
+                let scheme = if tls { "rediss" } else { "redis" };
+                (addresses.iter())
+                    .map(|address| format!("{scheme}://{sentinel_auth}{address}{suffix}"))
+                    .collect::<Vec<_>>()
+                    .join(",")
+            }
+            other => {
+                return Err(CompatError(format!(
+                    "{}={other:?}: tcp, or unix for a single Redis",
+                    var("SOCKET_TYPE")
+                )));
+            }
+        };
+        self.set(redis.url, urls);
+        if let Some(auth) = self.get(&var("AUTH")) {
+            match auth.split_once(':') {
+                Some((user, password)) => {
+                    self.set(redis.username, user);
+                    self.set(redis.password, password);
+                }
+                None => self.set(redis.password, auth),
+            }
+        }
         self.ignore(
-            "REDIS_POOL_SIZE",
+            &var("POOL_SIZE"),
             "floodgate multiplexes one connection (redis_pool_size)",
         );
-        self.ignore("REDIS_PERSECOND", "one Redis serves every unit");
-        self.ignore("MEMCACHE_HOST_PORT", "memcache is not offered");
         Ok(())
     }
 
@@ -421,6 +472,18 @@ impl<'a> Translator<'a> {
             (self.translated.otel).push((name.to_owned(), value.to_owned()));
         }
     }
+}
+
+/// `text` with every byte but URL-safe ones percent-encoded, for a URL's user info.
+fn percent_encoded(text: &str) -> String {
+    text.bytes()
+        .map(|byte| match byte {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'.' | b'_' | b'~' => {
+                char::from(byte).to_string()
+            }
+            _ => format!("%{byte:02X}"),
+        })
+        .collect()
 }
 
 /// `host:port`, an IPv6 host in brackets.
@@ -628,6 +691,51 @@ mod tests {
             assert_eq!(value(&translated, name), Some(want), "{name}");
         }
         assert_eq!(value(&translated, "FLOODGATE_STATSD__ADDR"), None);
+    }
+
+    #[test]
+    fn redis_persecond_is_a_second_redis_read_as_the_first() {
+        let off = translate(&env(&[("REDIS_PERSECOND_URL", "fast:6379")])).expect("ok");
+        assert_eq!(value(&off, "FLOODGATE_REDIS_PER_SECOND__BACKEND"), None);
+        let on = translate(&env(&[
+            ("REDIS_SOCKET_TYPE", "tcp"),
+            ("REDIS_URL", "main:6379"),
+            ("REDIS_PERSECOND", "true"),
+            ("REDIS_PERSECOND_TYPE", "sentinel"),
+            ("REDIS_PERSECOND_SOCKET_TYPE", "tcp"),
+            ("REDIS_PERSECOND_URL", "fastprimary,s1:26379,s2:26379"),
+            ("REDIS_PERSECOND_AUTH", "user:secret"),
+            ("REDIS_PERSECOND_SENTINEL_AUTH", "s3cr@t"),
+            ("REDIS_PERSECOND_TLS", "true"),
+            ("REDIS_TLS_CACERT", "/ca.pem"),
+        ]))
+        .expect("translates");
+        let expected = [
+            ("FLOODGATE_REDIS_URL", "redis://main:6379"),
+            ("FLOODGATE_REDIS_PER_SECOND__BACKEND", "redis-sentinel"),
+            (
+                "FLOODGATE_REDIS_PER_SECOND__URL",
+                "rediss://:s3cr%40t@s1:26379,rediss://:s3cr%40t@s2:26379",
+            ),
+            ("FLOODGATE_REDIS_PER_SECOND__SENTINEL_MASTER", "fastprimary"),
+            ("FLOODGATE_REDIS_PER_SECOND__USERNAME", "user"),
+            ("FLOODGATE_REDIS_PER_SECOND__PASSWORD", "secret"),
+            // The TLS files serve both Redis connections, as upstream's.
+            ("FLOODGATE_REDIS_TLS_CA_FILE", "/ca.pem"),
+        ];
+        for (name, expected) in expected {
+            assert_eq!(value(&on, name), Some(expected), "{name}");
+        }
+        let unix = translate(&env(&[("REDIS_PERSECOND", "true")])).expect("translates");
+        assert_eq!(
+            value(&unix, "FLOODGATE_REDIS_PER_SECOND__URL"),
+            Some("redis+unix:///var/run/nutcracker/ratelimitpersecond.sock")
+        );
+        let refused = translate(&env(&[
+            ("REDIS_PERSECOND", "true"),
+            ("REDIS_PERSECOND_TYPE", "MEMCACHE"),
+        ]));
+        assert!(refused.unwrap_err().0.contains("REDIS_PERSECOND_TYPE"));
     }
 
     #[test]

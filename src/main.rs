@@ -91,6 +91,8 @@ More settings have no flag: set them in the --config file (TOML) or as FLOODGATE
     redis_tls_key_file, redis_pool_size, redis_connect_timeout_ms,
     redis_command_timeout_ms, redis_key_prefix, redis_breaker_failures,
     redis_breaker_window_ms, redis_breaker_cooldown_ms, redis_local_cache_size   Redis
+  redis_per_second.{backend,url,username,password,sentinel_master,pool_size}
+                                       a second Redis for per-second limits' counters
   readiness_follows_backend            /readyz and gRPC health follow Redis' breaker
   memory_max_counters, near_limit_ratio, on_backend_error, request_limits.*,
     connection_limits.*, shutdown_grace   limits and policies
@@ -334,56 +336,7 @@ async fn serve(settings: Settings) -> anyhow::Result<()> {
         settings.memory_max_counters,
     ));
     memory.spawn_sweeper(Duration::from_secs(10));
-    let redis_options = RedisOptions {
-        url: settings.redis_url.clone(),
-        pool_size: settings.redis_pool_size,
-        connect_timeout: Duration::from_millis(settings.redis_connect_timeout_ms),
-        command_timeout: Duration::from_millis(settings.redis_command_timeout_ms),
-        key_prefix: settings.redis_key_prefix.clone(),
-        username: settings.redis_username.clone(),
-        // An empty secret (a Kubernetes Secret key left blank) means no password.
-        password: (settings.redis_password.as_ref())
-            .filter(|password| !password.expose().is_empty())
-            .cloned(),
-        sentinel_master: settings.redis_sentinel_master.clone(),
-        tls: redis_tls(&settings)?,
-    };
-    // A Redis that is down at start-up is every rule's failure policy later, not a reason
-    // to refuse to start: script loading failures are only logged.
-    let breaker = || {
-        Breaker::new(
-            settings.redis_breaker_failures,
-            Duration::from_millis(settings.redis_breaker_window_ms),
-            Duration::from_millis(settings.redis_breaker_cooldown_ms),
-            clock.clone(),
-        )
-    };
-    let over_limit = || OverLimitCache::new(settings.redis_local_cache_size, clock.clone());
-    let backend = match settings.backend {
-        BackendKind::Memory => Backend::memory(memory.clone()),
-        BackendKind::Redis | BackendKind::RedisSentinel => {
-            let redis = if settings.backend == BackendKind::Redis {
-                RedisBackend::new(redis_options, clock.clone())?
-            } else {
-                RedisBackend::sentinel(redis_options, clock.clone())?
-            };
-            if let Err(error) = redis.prepare().await {
-                tracing::warn!(%error, "could not connect to redis and load the scripts yet");
-            }
-            Backend::remote(Store::Redis(Arc::new(redis)), breaker(), over_limit())
-        }
-        BackendKind::RedisCluster => {
-            let cluster = RedisClusterBackend::new(redis_options, clock.clone())?;
-            if let Err(error) = cluster.load_scripts().await {
-                tracing::warn!(%error, "could not load the scripts into the redis cluster yet");
-            }
-            Backend::remote(
-                Store::RedisCluster(Arc::new(cluster)),
-                breaker(),
-                over_limit(),
-            )
-        }
-    };
+    let backend = backend(&settings, &clock, &memory).await?;
     let mut signals = ShutdownSignals::register()?;
     let hangups = Hangups::register().context("registering SIGHUP")?;
     let telemetry = Telemetry::from_env()?;
@@ -517,6 +470,93 @@ fn admin_endpoint(settings: &Settings) -> anyhow::Result<Option<AdminEndpoint>> 
         );
     }
     Ok(Some(AdminEndpoint { addr, token, tls }))
+}
+
+/// The counter store the settings name, a remote one behind its breaker and over-limit
+/// cache; with `redis_per_second.backend`, a second one for per-second limits. A Redis that
+/// is down at start-up is every rule's failure policy later, not a reason to refuse to
+/// start: failing to load the scripts is only logged.
+async fn backend(
+    settings: &Settings,
+    clock: &Arc<SystemClock>,
+    memory: &Arc<MemoryBackend>,
+) -> anyhow::Result<Backend> {
+    let options = RedisOptions {
+        url: settings.redis_url.clone(),
+        pool_size: settings.redis_pool_size,
+        connect_timeout: Duration::from_millis(settings.redis_connect_timeout_ms),
+        command_timeout: Duration::from_millis(settings.redis_command_timeout_ms),
+        key_prefix: settings.redis_key_prefix.clone(),
+        username: settings.redis_username.clone(),
+        password: settings.redis_password.clone(),
+        sentinel_master: settings.redis_sentinel_master.clone(),
+        tls: redis_tls(settings)?,
+    };
+    let remote = |store| {
+        let breaker = Breaker::new(
+            settings.redis_breaker_failures,
+            Duration::from_millis(settings.redis_breaker_window_ms),
+            Duration::from_millis(settings.redis_breaker_cooldown_ms),
+            clock.clone(),
+        );
+        let over_limit = OverLimitCache::new(settings.redis_local_cache_size, clock.clone());
+        Backend::remote(store, breaker, over_limit)
+    };
+    let backend = match settings.backend {
+        BackendKind::Memory => Backend::memory(memory.clone()),
+        kind => remote(redis_store(kind, options.clone(), clock).await?),
+    };
+    let per_second = &settings.redis_per_second;
+    let Some(kind) = per_second.backend else {
+        return Ok(backend);
+    };
+    anyhow::ensure!(
+        settings.backend != BackendKind::Memory,
+        "redis_per_second needs a Redis backend: the memory backend holds every counter"
+    );
+    let options = RedisOptions {
+        url: per_second.url.clone(),
+        pool_size: per_second.pool_size.unwrap_or(settings.redis_pool_size),
+        username: per_second.username.clone(),
+        password: per_second.password.clone(),
+        sentinel_master: per_second.sentinel_master.clone(),
+        ..options
+    };
+    let store = redis_store(kind, options, clock)
+        .await
+        .context("redis_per_second")?;
+    Ok(backend.with_per_second(remote(store)))
+}
+
+/// A Redis store of `kind`, its scripts loaded when it answers.
+async fn redis_store(
+    kind: BackendKind,
+    mut options: RedisOptions,
+    clock: &Arc<SystemClock>,
+) -> anyhow::Result<Store> {
+    // An empty secret (a Kubernetes Secret key left blank) means no password.
+    options.password = options
+        .password
+        .filter(|password| !password.expose().is_empty());
+    let store = match kind {
+        BackendKind::Redis => Store::Redis(Arc::new(RedisBackend::new(options, clock.clone())?)),
+        BackendKind::RedisSentinel => {
+            Store::Redis(Arc::new(RedisBackend::sentinel(options, clock.clone())?))
+        }
+        BackendKind::RedisCluster => {
+            Store::RedisCluster(Arc::new(RedisClusterBackend::new(options, clock.clone())?))
+        }
+        BackendKind::Memory => anyhow::bail!("memory is not a Redis"),
+    };
+    let loaded = match &store {
+        Store::Redis(redis) => redis.prepare().await,
+        Store::RedisCluster(cluster) => cluster.load_scripts().await,
+        Store::Memory(_) => Ok(()),
+    };
+    if let Err(error) = loaded {
+        tracing::warn!(%error, "could not connect to redis and load the scripts yet");
+    }
+    Ok(store)
 }
 
 fn redis_tls(settings: &Settings) -> anyhow::Result<Option<RedisTls>> {

@@ -106,6 +106,26 @@ impl Default for XdsSettings {
     }
 }
 
+/// A second Redis for the counters of per-second limits (upstream's `REDIS_PERSECOND`):
+/// their rate is the highest, and a Redis of their own keeps them from slowing the others.
+/// Off until `backend` is set; the TLS files, key prefix, timeouts, breaker and over-limit
+/// cache sizes are the main Redis' settings.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct PerSecondRedis {
+    /// `redis`, `redis-cluster` or `redis-sentinel`; unset: one store holds every counter.
+    pub backend: Option<BackendKind>,
+    /// As `redis_url`, for this Redis.
+    pub url: String,
+    /// As `redis_username` and `redis_password`, for this Redis.
+    pub username: Option<String>,
+    pub password: Option<Password>,
+    /// redis-sentinel: the name the sentinels monitor this primary under.
+    pub sentinel_master: String,
+    /// Connections to this Redis; `redis_pool_size` when unset.
+    pub pool_size: Option<usize>,
+}
+
 /// envoyproxy/ratelimit's stats sent to a statsd server, beside `/metrics`.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -296,6 +316,7 @@ pub struct Settings {
     pub redis_tls_key_file: Option<PathBuf>,
     /// Connections to Redis; each is multiplexed, shared by every request in flight on it.
     pub redis_pool_size: usize,
+    pub redis_per_second: PerSecondRedis,
     /// Milliseconds to open a connection to Redis.
     pub redis_connect_timeout_ms: u64,
     /// Milliseconds one request may spend with Redis in all (below Envoy's 20 ms default
@@ -393,6 +414,7 @@ impl Default for Settings {
             redis_tls_cert_file: None,
             redis_tls_key_file: None,
             redis_pool_size: 1,
+            redis_per_second: PerSecondRedis::default(),
             redis_connect_timeout_ms: 250,
             redis_command_timeout_ms: 15,
             redis_key_prefix: "floodgate:".into(),
@@ -433,7 +455,13 @@ impl Overrides {
 
 /// Settings whose environment value is taken as written: the environment layer otherwise
 /// reads numbers and booleans, which would turn a password `0123` into `123`.
-const VERBATIM: [&str; 3] = ["redis_username", "redis_password", "admin_token"];
+const VERBATIM: [&str; 5] = [
+    "redis_username",
+    "redis_password",
+    "redis_per_second.username",
+    "redis_per_second.password",
+    "admin_token",
+];
 
 impl Settings {
     /// Layers the settings file (if any), the `FLOODGATE_*` environment and `overrides` over
@@ -460,7 +488,8 @@ impl Settings {
         let verbatim: Vec<(&str, String)> = VERBATIM
             .into_iter()
             .filter_map(|key| {
-                let value = env.remove(&format!("FLOODGATE_{}", key.to_uppercase()))?;
+                let name = key.to_uppercase().replace('.', "__");
+                let value = env.remove(&format!("FLOODGATE_{name}"))?;
                 Some((key, value))
             })
             .collect();
@@ -488,6 +517,13 @@ impl Settings {
                 "near_limit_ratio must be between 0 and 1, got {}",
                 settings.near_limit_ratio
             )));
+        }
+        if settings.redis_per_second.backend == Some(BackendKind::Memory) {
+            return Err(config::ConfigError::Message(
+                "redis_per_second.backend: redis, redis-cluster or redis-sentinel (memory \
+                 holds every counter already)"
+                    .into(),
+            ));
         }
         let limits = &settings.connection_limits;
         let zero = [

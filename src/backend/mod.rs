@@ -24,7 +24,7 @@ pub use memory::MemoryBackend;
 pub use over_limit::OverLimitCache;
 pub use redis::{RedisBackend, RedisClusterBackend, RedisOptions, RedisTls};
 
-use crate::limiter::{CounterKey, Decision, Hits, Limit};
+use crate::limiter::{CounterKey, Decision, Hits, Limit, Unit};
 use crate::metrics::BackendStats;
 
 /// One hit on one counter.
@@ -195,6 +195,10 @@ pub struct Backend {
     breaker: Option<Arc<Breaker>>,
     over_limit: Option<Arc<OverLimitCache>>,
     stats: Arc<BackendStats>,
+    /// Where the counters of per-second limits live instead, when they have a store of
+    /// their own (upstream's `REDIS_PERSECOND`): its own breaker and over-limit cache,
+    /// these stats.
+    per_second: Option<Arc<Backend>>,
 }
 
 /// The backend's answers to a request's hits, in order, and where each came from.
@@ -261,6 +265,7 @@ impl Backend {
             breaker: None,
             over_limit: None,
             stats: Arc::default(),
+            per_second: None,
         }
     }
 
@@ -271,13 +276,34 @@ impl Backend {
             breaker: Some(Arc::new(breaker)),
             over_limit: Some(Arc::new(over_limit)),
             stats: Arc::default(),
+            per_second: None,
         }
+    }
+
+    /// This backend, with the counters of per-second limits kept in `per_second` instead
+    /// (a second Redis sized for their rate). A request's hits of both kinds go to both
+    /// stores at once.
+    pub fn with_per_second(self, per_second: Backend) -> Self {
+        let per_second = Backend {
+            stats: self.stats.clone(),
+            per_second: None,
+            ..per_second
+        };
+        Backend {
+            per_second: Some(Arc::new(per_second)),
+            ..self
+        }
+    }
+
+    /// The stores the counters live in: this one, and the per-second one if any.
+    fn stores(&self) -> impl Iterator<Item = &Backend> {
+        std::iter::once(self).chain(self.per_second.as_deref())
     }
 
     /// Forgets what the backend said about exhausted counters, so that a limit a rule reload
     /// raised applies at once instead of when the remembered rejection expires.
     pub fn forget_exhausted(&self) {
-        if let Some(cache) = &self.over_limit {
+        for cache in self.stores().filter_map(|store| store.over_limit.as_ref()) {
             cache.clear();
         }
     }
@@ -290,6 +316,23 @@ impl Backend {
     /// sent to the backend at all. `deadline` is the request's own, when it has one shorter
     /// than the backend's command timeout.
     pub async fn hit_all(
+        &self,
+        hits: &[CounterHit<'_>],
+        on_reject: OnReject,
+        deadline: Option<Instant>,
+    ) -> Answers {
+        match &self.per_second {
+            Some(per_second) if hits.iter().any(is_per_second) => {
+                // Boxed, as a remote call is: the common path's future stays small.
+                let split = self.hit_split(per_second, hits, on_reject, deadline);
+                Box::pin(split).await
+            }
+            _ => self.hit_here(hits, on_reject, deadline).await,
+        }
+    }
+
+    /// [`Backend::hit_all`] on this store alone.
+    async fn hit_here(
         &self,
         hits: &[CounterHit<'_>],
         on_reject: OnReject,
@@ -354,6 +397,67 @@ impl Backend {
         Answers { results, origins }
     }
 
+    /// The per-second hits on `per_second`, the others here, both at once; the answers in
+    /// the order of `hits`. Under [`OnReject::ConsumeNothing`] each store counts its part
+    /// all or nothing, and a part a binding rejection in the other part overrules is given
+    /// back (best effort, as on a Redis Cluster: the two stores share no transaction).
+    async fn hit_split(
+        &self,
+        per_second: &Backend,
+        hits: &[CounterHit<'_>],
+        on_reject: OnReject,
+        deadline: Option<Instant>,
+    ) -> Answers {
+        let (seconds, others): (Vec<usize>, Vec<usize>) =
+            (0..hits.len()).partition(|&i| is_per_second(&hits[i]));
+        let part = |indices: &[usize]| -> Vec<CounterHit<'_>> {
+            indices.iter().map(|&i| hits[i].clone()).collect()
+        };
+        let (second_hits, other_hits) = (part(&seconds), part(&others));
+        let (mut second_answers, mut other_answers) = futures_util::join!(
+            per_second.hit_here(&second_hits, on_reject, deadline),
+            self.hit_here(&other_hits, on_reject, deadline),
+        );
+        if on_reject == OnReject::ConsumeNothing {
+            if rejects(&second_hits, &second_answers.results) {
+                self.give_back(&other_hits, &mut other_answers.results, deadline)
+                    .await;
+            } else if rejects(&other_hits, &other_answers.results) {
+                (per_second.give_back(&second_hits, &mut second_answers.results, deadline)).await;
+            }
+        }
+        let mut merged: Vec<Option<(Result<Decision, BackendError>, Origin)>> =
+            (0..hits.len()).map(|_| None).collect();
+        for (indices, answers) in [(seconds, second_answers), (others, other_answers)] {
+            let origins: Vec<Origin> = (0..indices.len()).map(|j| answers.origin(j)).collect();
+            for ((i, result), origin) in indices.into_iter().zip(answers.results).zip(origins) {
+                merged[i] = Some((result, origin));
+            }
+        }
+        let (results, origins): (Vec<_>, Vec<_>) = (merged.into_iter())
+            .map(|answer| {
+                answer.unwrap_or_else(|| {
+                    let missing = BackendError::Protocol("fewer answers than calls".into());
+                    (Err(missing), Origin::Store)
+                })
+            })
+            .unzip();
+        Answers { results, origins }
+    }
+
+    /// Returns the quota `hits` took (by `results`) to this store, and leaves in `results`
+    /// the counters as the give-back left them.
+    async fn give_back(
+        &self,
+        hits: &[CounterHit<'_>],
+        results: &mut [Result<Decision, BackendError>],
+        deadline: Option<Instant>,
+    ) {
+        let (taken, give_backs) = give_backs(hits, results);
+        let returned = self.call(&give_backs, OnReject::Consume, deadline).await;
+        settle_give_backs(results, taken, returned);
+    }
+
     /// The store's answers, through the breaker when there is one.
     async fn call(
         &self,
@@ -411,6 +515,19 @@ impl Backend {
     /// Forgets `counters` as if never hit (the admin API's reset): their state in the
     /// store, and any rejection remembered for them; how many states existed.
     pub async fn reset(&self, counters: &[(CounterKey, Limit)]) -> Result<u64, BackendError> {
+        let Some(per_second) = &self.per_second else {
+            return self.reset_here(counters).await;
+        };
+        let (seconds, others): (Vec<_>, Vec<_>) =
+            (counters.iter().cloned()).partition(|(_, limit)| limit.unit == Unit::Second);
+        let removed = per_second.reset_here(&seconds).await?;
+        Ok(removed + self.reset_here(&others).await?)
+    }
+
+    async fn reset_here(&self, counters: &[(CounterKey, Limit)]) -> Result<u64, BackendError> {
+        if counters.is_empty() {
+            return Ok(0);
+        }
         if let Some(cache) = &self.over_limit {
             for (key, _) in counters {
                 cache.forget(key);
@@ -419,22 +536,31 @@ impl Backend {
         self.store.reset(counters).await
     }
 
-    /// How many exhausted counters the over-limit cache remembers (0 without one).
+    /// How many exhausted counters the over-limit caches remember (0 without one).
     pub fn over_limit_cache_len(&self) -> usize {
-        self.over_limit.as_ref().map_or(0, |cache| cache.len())
+        (self.stores())
+            .filter_map(|store| store.over_limit.as_ref())
+            .map(|cache| cache.len())
+            .sum()
     }
 
-    /// Whether the backend answers: false while the breaker is open.
+    /// Whether the backend answers: false while a breaker is open.
     pub fn healthy(&self) -> bool {
-        self.breaker
-            .as_ref()
-            .is_none_or(|breaker| breaker.state() == BreakerState::Closed)
+        self.stores().all(|store| {
+            (store.breaker.as_ref()).is_none_or(|breaker| breaker.state() == BreakerState::Closed)
+        })
     }
 
     /// While the breaker is open and its cooldown is over, probes the store once; a store
     /// that answers closes the breaker. This is what brings a backend back when no traffic
     /// comes (readiness may have sent it elsewhere).
     pub async fn probe_if_due(&self) {
+        for store in self.stores() {
+            store.probe_own_if_due().await;
+        }
+    }
+
+    async fn probe_own_if_due(&self) {
         let Some(breaker) = &self.breaker else {
             return;
         };
@@ -455,6 +581,55 @@ impl Backend {
                 }
             };
             breaker.record(admission, outcome, since);
+        }
+    }
+}
+
+/// Whether `hit`'s counter lives in the per-second store, when there is one.
+fn is_per_second(hit: &CounterHit<'_>) -> bool {
+    hit.limit.unit == Unit::Second
+}
+
+/// The hits of a rejected request that took quota (by `results`), by index, and the
+/// give-backs that return it: an allowed hit that costs something (a give-back of the
+/// request is not taken again).
+pub(crate) fn give_backs<'a>(
+    hits: &[CounterHit<'a>],
+    results: &[Result<Decision, BackendError>],
+) -> (Vec<usize>, Vec<CounterHit<'a>>) {
+    let took_quota = |(hit, result): &(&CounterHit<'_>, &Result<Decision, BackendError>)| {
+        !hit.hits.negative && hit.hits.amount > 0 && matches!(result, Ok(d) if d.allowed)
+    };
+    (hits.iter().zip(results).enumerate())
+        .filter(|(_, pair)| took_quota(pair))
+        .map(|(i, (hit, _))| {
+            let give_back = CounterHit {
+                hits: Hits::give_back(hit.hits.amount),
+                ..hit.clone()
+            };
+            (i, give_back)
+        })
+        .unzip()
+}
+
+/// Puts the counters as the give-backs of hits `taken` left them into `results` (still
+/// allowed: the request's rejection comes from another hit).
+pub(crate) fn settle_give_backs(
+    results: &mut [Result<Decision, BackendError>],
+    taken: Vec<usize>,
+    returned: Vec<Result<Decision, BackendError>>,
+) {
+    for (i, result) in taken.into_iter().zip(returned) {
+        match result {
+            Ok(after) => {
+                results[i] = Ok(Decision {
+                    allowed: true,
+                    ..after
+                })
+            }
+            Err(error) => {
+                tracing::warn!(%error, "a rejected request's hit could not be given back");
+            }
         }
     }
 }

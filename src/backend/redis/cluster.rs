@@ -35,9 +35,9 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use tokio::time::{Instant, timeout_at};
 
-use crate::backend::{BackendError, CounterHit, rejects};
+use crate::backend::{BackendError, CounterHit, give_backs, rejects, settle_give_backs};
 use crate::clock::Clock;
-use crate::limiter::{Decision, Hits, Limit};
+use crate::limiter::{Decision, Limit};
 
 use super::batcher::{Lane, Link, QueuedHit, Shared};
 use super::deadline::RedisClock;
@@ -184,31 +184,9 @@ impl RedisClusterBackend {
         if !rejects(hits, &results) {
             return results;
         }
-        let taken: Vec<usize> = (0..hits.len())
-            .filter(|&i| took_quota(&hits[i], &results[i]))
-            .collect();
-        let give_backs: Vec<CounterHit<'_>> = taken
-            .iter()
-            .map(|&i| CounterHit {
-                hits: Hits::give_back(hits[i].hits.amount),
-                ..hits[i].clone()
-            })
-            .collect();
+        let (taken, give_backs) = give_backs(hits, &results);
         let returned = self.hit_all_until(&give_backs, deadline).await;
-        for (i, result) in taken.into_iter().zip(returned) {
-            match result {
-                // The counter as the give-back left it, for a truthful remaining.
-                Ok(after) => {
-                    results[i] = Ok(Decision {
-                        allowed: true,
-                        ..after
-                    })
-                }
-                Err(error) => {
-                    tracing::warn!(%error, "a rejected request's hit could not be given back");
-                }
-            }
-        }
+        settle_give_backs(&mut results, taken, returned);
         results
     }
 
@@ -480,12 +458,6 @@ async fn read_slot_map(connector: &Connector) -> Option<SlotMap> {
             None
         }
     }
-}
-
-/// Whether `hit` took quota that a rejected request must give back: an allowed hit that
-/// costs something (a give-back of the request is not taken again).
-fn took_quota(hit: &CounterHit<'_>, result: &Result<Decision, BackendError>) -> bool {
-    !hit.hits.negative && hit.hits.amount > 0 && matches!(result, Ok(decision) if decision.allowed)
 }
 
 /// The URLs of a comma-separated list (cluster seeds, sentinels), blanks around them ignored.
