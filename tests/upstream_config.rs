@@ -1293,9 +1293,9 @@ async fn unit_multiplier() {
     let plain = run
         .hit(&[("key2", "")], (25, Unit::Minute, ""), "test-domain.key2")
         .await;
-    // Upstream reports 1; floodgate leaves a one-unit window's multiplier out (docs/rules.md
-    // and /work/shared/DESIGN.md: reported "whenever a rule's window is not one unit"), which
-    // the wire reads as 1.
+    // Upstream reports 1; floodgate leaves a one-unit window's multiplier out (README, "What
+    // the answer means": `unit_multiplier` "whenever the window is not one unit"), which the
+    // wire reads as 1.
     assert_eq!(multiplier(&plain).unwrap_or(1), 1);
     run.verify();
 }
