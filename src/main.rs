@@ -398,7 +398,8 @@ async fn serve(settings: Settings) -> anyhow::Result<()> {
     let _statsd = {
         let limiter = limiter.clone();
         floodgate::metrics::statsd::spawn(&settings.statsd, move || {
-            limiter.metrics().statsd_totals()
+            let local_cache = limiter.backend().over_limit_counts();
+            limiter.metrics().statsd_report(local_cache)
         })
     };
     let readiness = if settings.readiness_follows_backend {

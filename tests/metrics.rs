@@ -7,6 +7,7 @@ mod redis_harness;
 use std::collections::{BTreeMap, BTreeSet};
 
 use floodgate::proto::envoy::service::ratelimit::v3::RateLimitRequest;
+use harness::statsd::StatsdServer;
 use harness::{Floodgate, OK, OVER_LIMIT, POLICIES, costing, descriptor, request};
 use redis_harness::RedisServer;
 
@@ -655,78 +656,59 @@ descriptors:
 }
 
 /// Upstream's stats reach a statsd server as its client sends them: counters of the change
-/// since the last flush, under upstream's names, with `EXTRA_TAGS`' suffix; over TCP
-/// (upstream's default) and over UDP.
+/// since the last flush, under upstream's names, with `EXTRA_TAGS`' suffix, and the
+/// ShouldRateLimit response-time timer, each request's µs; over TCP (upstream's default)
+/// and over UDP.
 #[tokio::test]
 async fn upstreams_stats_reach_a_statsd_server_over_tcp_and_udp() {
-    use std::collections::HashMap;
-    use tokio::io::AsyncBufReadExt;
-    use tokio::sync::mpsc;
-
     let hits = "ratelimit.service.rate_limit.shop.user_id.total_hits.__env=test";
     let loads = "ratelimit.service.config_load_success.__env=test";
     let requests = "ratelimit_server.ShouldRateLimit.total_requests.__env=test";
+    let times = "ratelimit_server.ShouldRateLimit.response_time.__env=test";
     for protocol in ["tcp", "udp"] {
-        // The statsd server: every line it receives, on a channel.
-        let (lines, mut received) = mpsc::unbounded_channel::<String>();
-        let addr = if protocol == "tcp" {
-            let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-            let addr = listener.local_addr().unwrap();
-            tokio::spawn(async move {
-                while let Ok((stream, _)) = listener.accept().await {
-                    let lines = lines.clone();
-                    tokio::spawn(async move {
-                        let mut reader = tokio::io::BufReader::new(stream).lines();
-                        while let Ok(Some(line)) = reader.next_line().await {
-                            let _ = lines.send(line);
-                        }
-                    });
-                }
-            });
-            addr
-        } else {
-            let socket = tokio::net::UdpSocket::bind("127.0.0.1:0").await.unwrap();
-            let addr = socket.local_addr().unwrap();
-            tokio::spawn(async move {
-                let mut datagram = [0u8; 2048];
-                while let Ok(n) = socket.recv(&mut datagram).await {
-                    for line in String::from_utf8_lossy(&datagram[..n]).lines() {
-                        let _ = lines.send(line.to_owned());
-                    }
-                }
-            });
-            addr
-        };
-        let addr = addr.to_string();
+        let mut statsd = StatsdServer::start(protocol);
         let server = Floodgate::start_with_env(
             &[("shop.yaml", RULES)],
             &[],
             &[
-                ("FLOODGATE_STATSD__ADDR", addr.as_str()),
+                ("FLOODGATE_STATSD__ADDR", statsd.addr.as_str()),
                 ("FLOODGATE_STATSD__PROTOCOL", protocol),
                 ("FLOODGATE_STATSD__FLUSH_INTERVAL_MS", "100"),
                 ("FLOODGATE_STATSD__EXTRA_TAGS", "env:test"),
             ],
         );
+        // The first flush goes out at start; from it on, response times are taken.
+        let bound = std::time::Duration::from_secs(10);
+        statsd.receive_until(bound, |received| received.counter(loads) == 1);
         let ask = request("shop", vec![descriptor(&[("user_id", "u1")])]);
         send(&server, &ask, 7).await;
         let nowhere = request("nowhere", vec![descriptor(&[("user_id", "u1")])]);
         send(&server, &nowhere, 1).await;
-        // Counts summed over flushes, until every request is in them (or 10 s pass).
-        let mut sums: HashMap<String, u64> = HashMap::new();
-        let until = tokio::time::Instant::now() + std::time::Duration::from_secs(10);
-        while sums.get(requests) != Some(&8) || sums.get(hits) != Some(&7) {
-            let line = tokio::time::timeout_at(until, received.recv())
-                .await
-                .unwrap_or_else(|_| panic!("{protocol}: only {sums:?}"))
-                .expect("the server runs");
-            let (name, value) = line.split_once(':').expect("name:value|type");
-            let value = value.strip_suffix("|c").expect("a counter");
-            *sums.entry(name.to_owned()).or_default() += value.parse::<u64>().expect("a count");
-        }
-        assert_eq!(sums.get(loads), Some(&1), "{protocol}: {sums:?}");
+        statsd.receive_until(bound, |received| {
+            received.counter(requests) == 8
+                && received.counter(hits) == 7
+                && received.timed(times) >= 8.0
+        });
+        let received = &statsd.received;
+        assert_eq!(received.counter(loads), 1, "{protocol}: {received:?}");
         let not_found = "ratelimit.service.rate_limit.nowhere.domain_not_found.__env=test";
-        assert_eq!(sums.get(not_found), Some(&1), "{protocol}: {sums:?}");
+        assert_eq!(received.counter(not_found), 1, "{protocol}: {received:?}");
+        let timed = &received.timers[times];
+        assert_eq!(
+            timed.len(),
+            8,
+            "one value per request, none sampled out: {timed:?}"
+        );
+        assert!(
+            timed
+                .iter()
+                .all(|&(micros, rate)| micros > 0 && rate == 1.0),
+            "{timed:?}"
+        );
+        assert!(
+            received.gauges.is_empty(),
+            "the memory backend has no local cache to report: {received:?}"
+        );
         drop(server);
     }
 }

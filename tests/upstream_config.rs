@@ -13,14 +13,14 @@
 mod harness;
 
 use std::collections::HashMap;
-use std::net::UdpSocket;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use floodgate::proto::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
 use floodgate::proto::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::RateLimitOverride;
 use floodgate::proto::envoy::service::ratelimit::v3::rate_limit_response::DescriptorStatus;
 use floodgate::proto::envoy::service::ratelimit::v3::rate_limit_response::rate_limit::Unit;
 use floodgate::proto::envoy::r#type::v3::RateLimitUnit;
+use harness::statsd::StatsdServer;
 use harness::{Floodgate, OK, OVER_LIMIT, command, descriptor, request, write_rules};
 
 /// The prefix floodgate's statsd names put before upstream's stats key.
@@ -93,26 +93,17 @@ fn hitting(entries: &[(&str, &str)], hits: u64) -> RateLimitDescriptor {
     }
 }
 
-/// A statsd server on a UDP port of its own: every counter floodgate sends, summed by name,
-/// and the sums each test expects.
+/// Upstream's stats as a statsd server receives them (`harness/statsd.rs`), and the sums
+/// each test expects.
 struct Statsd {
-    socket: UdpSocket,
-    addr: String,
-    sums: HashMap<String, u64>,
+    server: StatsdServer,
     expected: HashMap<String, u64>,
 }
 
 impl Statsd {
     fn new() -> Statsd {
-        let socket = UdpSocket::bind("127.0.0.1:0").expect("a UDP port");
-        socket
-            .set_read_timeout(Some(Duration::from_millis(100)))
-            .expect("a read timeout");
-        let addr = socket.local_addr().expect("its address").to_string();
         Statsd {
-            socket,
-            addr,
-            sums: HashMap::new(),
+            server: StatsdServer::start("udp"),
             expected: HashMap::new(),
         }
     }
@@ -124,31 +115,17 @@ impl Statsd {
 
     /// Sums what arrives until every expected stat has reached its count (10 s at most).
     fn receive(&mut self) {
-        let until = Instant::now() + Duration::from_secs(10);
-        let mut datagram = [0u8; 2048];
-        while (self.expected.iter()).any(|(name, count)| self.sum(name) < *count) {
-            assert!(
-                Instant::now() < until,
-                "expected {:?}, received {:?}",
-                self.expected,
-                self.sums
-            );
-            let Ok(n) = self.socket.recv(&mut datagram) else {
-                continue;
-            };
-            for line in String::from_utf8_lossy(&datagram[..n]).lines() {
-                let (name, value) = line.split_once(':').expect("name:value|type");
-                let count = value.strip_suffix("|c").expect("a counter");
-                *self.sums.entry(name.to_owned()).or_default() +=
-                    count.parse::<u64>().expect("a count");
-            }
-        }
+        let expected = &self.expected;
+        self.server
+            .receive_until(Duration::from_secs(10), |received| {
+                (expected.iter())
+                    .all(|(name, count)| received.counter(&format!("{STATS}.{name}")) >= *count)
+            });
     }
 
     /// The sum received for upstream's stats key `name` (`<key>.<stat>`).
     fn sum(&self, name: &str) -> u64 {
-        let full = format!("{STATS}.{name}");
-        self.sums.get(&full).copied().unwrap_or(0)
+        self.server.received.counter(&format!("{STATS}.{name}"))
     }
 }
 
@@ -167,7 +144,7 @@ impl Run {
         let statsd = Statsd::new();
         let mut env = env.to_vec();
         env.extend([
-            ("FLOODGATE_STATSD__ADDR", statsd.addr.as_str()),
+            ("FLOODGATE_STATSD__ADDR", statsd.server.addr.as_str()),
             ("FLOODGATE_STATSD__PROTOCOL", "udp"),
             ("FLOODGATE_STATSD__FLUSH_INTERVAL_MS", "50"),
         ]);
@@ -259,7 +236,7 @@ impl Run {
                 self.statsd.sum(name),
                 *count,
                 "{name}: {:?}",
-                self.statsd.sums
+                self.statsd.server.received.counters
             );
             if let Some(key) = name.strip_suffix(".total_hits") {
                 let value = self.server.metric(&prometheus_total_hits(key));

@@ -21,7 +21,7 @@ use tokio::time::Instant;
 pub use breaker::Breaker;
 use breaker::{Admission, BreakerState, Outcome};
 pub use memory::MemoryBackend;
-pub use over_limit::OverLimitCache;
+pub use over_limit::{CacheCounts, OverLimitCache};
 pub use redis::{RedisBackend, RedisClusterBackend, RedisOptions, RedisTls};
 
 use crate::limiter::{CounterKey, Decision, Hits, Limit, Unit};
@@ -542,6 +542,15 @@ impl Backend {
             .filter_map(|store| store.over_limit.as_ref())
             .map(|cache| cache.len())
             .sum()
+    }
+
+    /// The over-limit caches' counts, added up; `None` without an enabled one.
+    pub fn over_limit_counts(&self) -> Option<CacheCounts> {
+        (self.stores())
+            .filter_map(|store| store.over_limit.as_ref())
+            .filter(|cache| cache.enabled())
+            .map(|cache| cache.counts())
+            .reduce(|total, counts| total + counts)
     }
 
     /// Whether the backend answers: false while a breaker is open.

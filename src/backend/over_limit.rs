@@ -9,25 +9,91 @@
 //! that expires first among a few picked at random (`bounded.rs`), in constant time.
 
 use std::hash::BuildHasher;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use foldhash::fast::RandomState;
 use indexmap::IndexMap;
 
-use super::bounded::make_room;
+use super::bounded::{Room, make_room};
 use crate::clock::Clock;
 use crate::limiter::{CounterKey, Decision, Hits};
 
 const SHARDS: usize = 16;
 
-type Entries = IndexMap<CounterKey, u64, RandomState>;
+type Entries = IndexMap<CounterKey, Entry, RandomState>;
 
-/// Exhausted counters and when each gets quota back (µs since the epoch).
+/// An exhausted counter: when it gets quota back (µs since the epoch), and when it was last
+/// stored or answered (seconds since the epoch).
+#[derive(Debug, Clone, Copy)]
+struct Entry {
+    until: u64,
+    accessed: u32,
+}
+
+/// Exhausted counters and when each gets quota back.
 pub struct OverLimitCache {
     shards: Box<[Mutex<Entries>]>,
     hasher: RandomState,
     capacity_per_shard: usize,
     clock: Arc<dyn Clock>,
+    counts: Counts,
+}
+
+/// What the cache did since start, as envoyproxy/ratelimit's local cache (freecache) counts
+/// it: each is one of its `ratelimit.localcache.*` gauges.
+#[derive(Debug, Default)]
+struct Counts {
+    lookups: AtomicU64,
+    hits: AtomicU64,
+    expired: AtomicU64,
+    evacuated: AtomicU64,
+    overwrites: AtomicU64,
+}
+
+/// The cache's counts at one moment ([`OverLimitCache::counts`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct CacheCounts {
+    /// Hits that looked for their counter (a check or a give-back does not).
+    pub lookups: u64,
+    /// Lookups answered from the cache; the others are misses.
+    pub hits: u64,
+    pub misses: u64,
+    /// Entries held now.
+    pub entries: u64,
+    /// Entries dropped because their quota had returned.
+    pub expired: u64,
+    /// Entries still exhausted pushed out to make room for new ones.
+    pub evacuated: u64,
+    /// Rejections remembered again for a counter already held.
+    pub overwrites: u64,
+    /// The mean of the moments (seconds since the epoch) the entries held were last
+    /// stored or answered; 0 when empty.
+    pub average_access_time: u64,
+}
+
+impl std::ops::Add for CacheCounts {
+    type Output = CacheCounts;
+
+    fn add(self, other: CacheCounts) -> CacheCounts {
+        let entries = self.entries + other.entries;
+        let weighted = |counts: &CacheCounts| {
+            u128::from(counts.average_access_time) * u128::from(counts.entries)
+        };
+        let average = (weighted(&self) + weighted(&other))
+            .checked_div(u128::from(entries))
+            .unwrap_or(0);
+        CacheCounts {
+            lookups: self.lookups + other.lookups,
+            hits: self.hits + other.hits,
+            misses: self.misses + other.misses,
+            entries,
+            expired: self.expired + other.expired,
+            evacuated: self.evacuated + other.evacuated,
+            overwrites: self.overwrites + other.overwrites,
+            average_access_time: u64::try_from(average).unwrap_or(u64::MAX),
+        }
+    }
 }
 
 impl OverLimitCache {
@@ -40,7 +106,13 @@ impl OverLimitCache {
             hasher: RandomState::default(),
             capacity_per_shard: capacity.div_ceil(SHARDS),
             clock,
+            counts: Counts::default(),
         }
+    }
+
+    /// Whether the cache remembers anything at all (its capacity is not 0).
+    pub fn enabled(&self) -> bool {
+        self.capacity_per_shard > 0
     }
 
     /// The answer for `hits` on `key` if the key is known to be exhausted: a rejection with
@@ -57,16 +129,20 @@ impl OverLimitCache {
         if hits.amount == 0 {
             return None;
         }
-        let until = *shard.get(key)?;
+        self.counts.lookups.fetch_add(1, Ordering::Relaxed);
+        let entry = shard.get_mut(key)?;
         let now = self.clock.now_micros();
-        if until <= now {
+        if entry.until <= now {
             shard.swap_remove(key);
+            self.counts.expired.fetch_add(1, Ordering::Relaxed);
             return None;
         }
+        entry.accessed = seconds(now);
+        self.counts.hits.fetch_add(1, Ordering::Relaxed);
         Some(Decision {
             allowed: false,
             remaining: 0,
-            reset_micros: until - now,
+            reset_micros: entry.until - now,
         })
     }
 
@@ -81,13 +157,25 @@ impl OverLimitCache {
         }
         let now = self.clock.now_micros();
         let until = now.saturating_add(decision.reset_micros);
+        let entry = Entry {
+            until,
+            accessed: seconds(now),
+        };
         let mut shard = self.shard(key);
         if let Some(known) = shard.get_mut(key) {
-            *known = until;
+            *known = entry;
+            self.counts.overwrites.fetch_add(1, Ordering::Relaxed);
             return;
         }
-        make_room(&mut shard, self.capacity_per_shard, now, |until| *until);
-        shard.insert(key.clone(), until);
+        let dropped = match make_room(&mut shard, self.capacity_per_shard, now, |e| e.until) {
+            Room::Free => None,
+            Room::Expired => Some(&self.counts.expired),
+            Room::Evicted => Some(&self.counts.evacuated),
+        };
+        if let Some(count) = dropped {
+            count.fetch_add(1, Ordering::Relaxed);
+        }
+        shard.insert(key.clone(), entry);
     }
 
     /// Forgets `key` (its counter was reset).
@@ -112,10 +200,41 @@ impl OverLimitCache {
         self.len() == 0
     }
 
+    /// What the cache did since start, and holds now (each shard read in turn: for a
+    /// periodic report, not the request path).
+    pub fn counts(&self) -> CacheCounts {
+        let (mut entries, mut accessed) = (0u64, 0u128);
+        for shard in &self.shards {
+            let shard = lock(shard);
+            entries += shard.len() as u64;
+            accessed += (shard.values())
+                .map(|e| u128::from(e.accessed))
+                .sum::<u128>();
+        }
+        let read = |count: &AtomicU64| count.load(Ordering::Relaxed);
+        let (lookups, hits) = (read(&self.counts.lookups), read(&self.counts.hits));
+        let average = accessed.checked_div(u128::from(entries)).unwrap_or(0);
+        CacheCounts {
+            lookups,
+            hits,
+            misses: lookups.saturating_sub(hits),
+            entries,
+            expired: read(&self.counts.expired),
+            evacuated: read(&self.counts.evacuated),
+            overwrites: read(&self.counts.overwrites),
+            average_access_time: u64::try_from(average).unwrap_or(u64::MAX),
+        }
+    }
+
     fn shard(&self, key: &CounterKey) -> MutexGuard<'_, Entries> {
         let index = usize::try_from(self.hasher.hash_one(key)).unwrap_or(0) % SHARDS;
         lock(&self.shards[index])
     }
+}
+
+/// Whole seconds of `micros` (µs since the epoch), as an entry keeps them.
+fn seconds(micros: u64) -> u32 {
+    u32::try_from(micros / 1_000_000).unwrap_or(u32::MAX)
 }
 
 /// The map holds plain data; a panic elsewhere while it was locked leaves it usable.
@@ -201,6 +320,47 @@ mod tests {
         cache.clear();
         assert!(cache.is_empty());
         assert_eq!(cache.answer(&key("a"), Hits::take(1)), None);
+    }
+
+    #[test]
+    fn counts_follow_upstreams_local_cache_gauges() {
+        let (clock, cache) = cache(SHARDS);
+        cache.observe(&key("a"), &exhausted(500));
+        cache.observe(&key("a"), &exhausted(500));
+        assert!(cache.answer(&key("a"), Hits::take(1)).is_some());
+        assert!(cache.answer(&key("b"), Hits::take(1)).is_none());
+        assert!(
+            cache.answer(&key("a"), Hits::take(0)).is_none(),
+            "a check: no lookup"
+        );
+        clock.advance(500);
+        assert!(cache.answer(&key("a"), Hits::take(1)).is_none(), "expired");
+        for i in 0..10 * SHARDS {
+            cache.observe(&key(&i.to_string()), &exhausted(1_000_000_000));
+        }
+        let counts = cache.counts();
+        assert_eq!(
+            (
+                counts.lookups,
+                counts.hits,
+                counts.misses,
+                counts.overwrites
+            ),
+            (3, 1, 2, 1)
+        );
+        assert_eq!(counts.expired, 1);
+        assert_eq!(counts.entries, cache.len() as u64);
+        assert_eq!(
+            counts.evacuated,
+            10 * SHARDS as u64 - counts.entries,
+            "every entry pushed out was still exhausted"
+        );
+        assert_eq!(
+            counts.average_access_time, 1,
+            "stored at 1 s after the epoch"
+        );
+        let both = counts + CacheCounts::default();
+        assert_eq!(both, counts, "adding an empty cache changes nothing");
     }
 
     #[test]

@@ -14,6 +14,7 @@ mod exposition;
 mod histogram;
 mod process;
 mod rule_stats;
+mod samples;
 pub mod statsd;
 
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -26,7 +27,7 @@ pub use rule_stats::{Counter, Judged, MAX_REQUEST_LABELLED_SERIES, RuleStats, St
 use exposition::{Exposition, Kind};
 use rule_stats::{RuleRegistry, SeriesLabels};
 
-use crate::backend::{Backend, BackendError, MemoryBackend};
+use crate::backend::{Backend, BackendError, CacheCounts, MemoryBackend};
 use crate::limiter::Decision;
 use crate::proto::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry;
 use crate::rules::{MetricLevel, Origin, Rule};
@@ -240,7 +241,7 @@ impl Metrics {
     /// (`statsd.rs` sends what changed): each rule's six counts
     /// (`ratelimit.service.rate_limit.<domain>.<key path>.<count>`), the rule loads, the
     /// requests answered with an error, and the gRPC requests served.
-    pub fn statsd_totals(&self) -> Vec<(String, u64)> {
+    fn statsd_totals(&self) -> Vec<(String, u64)> {
         let mut totals = Vec::new();
         for ((domain, path), stats) in self.rules.all() {
             let base = format!("ratelimit.service.rate_limit.{domain}.{}", path.join("."));
@@ -274,6 +275,38 @@ impl Metrics {
             served,
         ));
         totals
+    }
+
+    /// What goes to statsd at one flush: the counts ([`Metrics::statsd_totals`]); the
+    /// over-limit cache's counts as upstream's `ratelimit.localcache.*` gauges, when there
+    /// is an enabled cache; and the ShouldRateLimit response times since the last flush, in
+    /// µs, as upstream's client sends its `response_time` timer (µs under `|ms`).
+    pub fn statsd_report(&self, local_cache: Option<CacheCounts>) -> statsd::Report {
+        let gauges = local_cache.map_or_else(Vec::new, |counts| {
+            [
+                ("evacuateCount", counts.evacuated),
+                ("expiredCount", counts.expired),
+                ("entryCount", counts.entries),
+                ("averageAccessTime", counts.average_access_time),
+                ("hitCount", counts.hits),
+                ("missCount", counts.misses),
+                ("lookupCount", counts.lookups),
+                ("overwriteCount", counts.overwrites),
+            ]
+            .into_iter()
+            .map(|(name, value)| (format!("ratelimit.localcache.{name}"), value))
+            .collect()
+        });
+        let times = self.requests(Endpoint::GrpcShouldRateLimit).times.take();
+        statsd::Report {
+            counters: self.statsd_totals(),
+            gauges,
+            timers: vec![statsd::Timer {
+                name: "ratelimit_server.ShouldRateLimit.response_time".into(),
+                values: times.kept,
+                recorded: times.recorded,
+            }],
+        }
     }
 
     fn render_service(&self, page: &mut Exposition) {
@@ -538,17 +571,21 @@ impl Code {
     }
 }
 
-/// One endpoint's requests: how many got each answer, and how long they took.
+/// One endpoint's requests: how many got each answer, and how long they took (and, for a
+/// statsd timer, a sample of those times in µs).
 #[derive(Debug, Default)]
 pub struct RequestStats {
     codes: [Counter; Code::ALL.len()],
     duration: Histogram,
+    times: samples::Samples,
 }
 
 impl RequestStats {
     pub fn record(&self, code: Code, elapsed: Duration) {
         self.codes[code as usize].add(1);
         self.duration.observe(elapsed);
+        self.times
+            .record(u64::try_from(elapsed.as_micros()).unwrap_or(u64::MAX));
     }
 }
 

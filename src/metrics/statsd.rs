@@ -2,13 +2,19 @@
 //! for a deployment that reads them through a statsd exporter (Envoy Gateway runs one beside
 //! upstream's image), so that swapping the image keeps its dashboards fed.
 //!
-//! Every `statsd.flush_interval_ms`, each count that changed since the last flush is sent as
-//! a statsd counter of its change (`name:change|c`), under upstream's names
-//! ([`super::Metrics::statsd_totals`]), each with the `statsd.extra_tags` suffix upstream's client
-//! writes (`.__key=value`). Over TCP (upstream's default) one connection is kept and opened
-//! again after a failure; over UDP the lines go in datagrams of at most [`DATAGRAM`] bytes.
-//! A flush that fails is not lost: its changes go with the next one. Not sent (yet):
-//! upstream's response-time timer and its local-cache gauges.
+//! Every `statsd.flush_interval_ms`, under upstream's names ([`super::Metrics::statsd_report`]),
+//! each with the `statsd.extra_tags` suffix upstream's client writes (`.__key=value`):
+//! - each count that changed since the last flush, as a statsd counter of its change
+//!   (`name:change|c`);
+//! - each gauge as it is (`name:value|g`), every flush, as upstream's client does;
+//! - each timer's values since the last flush (`name:value|ms`); past
+//!   [`samples::KEPT`](super::samples::KEPT) of them, a uniform sample with statsd's sample
+//!   rate (`|@0.25`), which the server scales back up, where upstream sends every value.
+//!
+//! Over TCP (upstream's default) one connection is kept and opened again after a failure;
+//! over UDP the lines go in datagrams of at most [`DATAGRAM`] bytes. A flush that fails
+//! loses no count (its changes go with the next one); its gauges and timer values are not
+//! sent again.
 
 use std::collections::HashMap;
 use std::time::Duration;
@@ -24,11 +30,28 @@ const DATAGRAM: usize = 1432;
 /// How long opening the TCP connection may take.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
 
-/// Sends the changes of the counts `totals` reads (under their statsd names) to the statsd
-/// server of `settings`, every flush interval; `None` when no server is set.
+/// What one flush reports, under statsd names.
+#[derive(Debug, Default)]
+pub struct Report {
+    /// Totals since start; their changes are sent.
+    pub counters: Vec<(String, u64)>,
+    pub gauges: Vec<(String, u64)>,
+    pub timers: Vec<Timer>,
+}
+
+/// A timer's values since the last flush: `values` kept of `recorded`.
+#[derive(Debug, Default)]
+pub struct Timer {
+    pub name: String,
+    pub values: Vec<u64>,
+    pub recorded: u64,
+}
+
+/// Sends what `report` reads to the statsd server of `settings`, every flush interval;
+/// `None` when no server is set.
 pub fn spawn(
     settings: &StatsdSettings,
-    totals: impl Fn() -> Vec<(String, u64)> + Send + 'static,
+    report: impl Fn() -> Report + Send + 'static,
 ) -> Option<tokio::task::JoinHandle<()>> {
     let addr = settings.addr.clone()?;
     let mut sink = Sink {
@@ -42,11 +65,12 @@ pub fn spawn(
     Some(tokio::spawn(async move {
         let mut ticks = tokio::time::interval(interval);
         ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        ticks.tick().await;
+        // The first tick is at once: the load of the rules at start goes out, and the
+        // response times are taken from then on.
         let mut failing = false;
         loop {
             ticks.tick().await;
-            match sink.flush(totals()).await {
+            match sink.flush(report()).await {
                 Ok(()) => failing = false,
                 Err(error) if !failing => {
                     failing = true;
@@ -77,13 +101,21 @@ struct Sink {
 }
 
 impl Sink {
-    /// Sends what changed since the last flush that went out.
-    async fn flush(&mut self, totals: Vec<(String, u64)>) -> std::io::Result<()> {
-        let lines = self.changes(&totals);
+    /// Sends the counts' changes since the last flush that went out, the gauges and the
+    /// timers' values.
+    async fn flush(&mut self, report: Report) -> std::io::Result<()> {
+        let mut lines = self.changes(&report.counters);
+        let suffix = &self.suffix;
+        for (name, value) in &report.gauges {
+            lines.push(format!("{name}{suffix}:{value}|g\n"));
+        }
+        for timer in &report.timers {
+            lines.extend(timer_lines(timer, suffix));
+        }
         if !lines.is_empty() {
             self.send(&lines).await?;
         }
-        self.sent.extend(totals);
+        self.sent.extend(report.counters);
         Ok(())
     }
 
@@ -128,6 +160,21 @@ impl Sink {
     }
 }
 
+/// One `name:value|ms` line per value of `timer`, with the sample rate when they are a
+/// sample of more.
+fn timer_lines(timer: &Timer, suffix: &str) -> Vec<String> {
+    let kept = timer.values.len() as u64;
+    let rate = if kept < timer.recorded {
+        format!("|@{}", kept as f64 / timer.recorded as f64)
+    } else {
+        String::new()
+    };
+    let name = &timer.name;
+    (timer.values.iter())
+        .map(|value| format!("{name}{suffix}:{value}|ms{rate}\n"))
+        .collect()
+}
+
 /// `lines` packed into datagrams of at most [`DATAGRAM`] bytes (a longer line alone).
 fn datagrams(lines: &[String]) -> Vec<String> {
     let mut datagrams = vec![String::new()];
@@ -145,6 +192,25 @@ fn datagrams(lines: &[String]) -> Vec<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_timer_sends_each_value_and_a_sample_its_rate() {
+        let all = Timer {
+            name: "t".into(),
+            values: vec![120, 80],
+            recorded: 2,
+        };
+        assert_eq!(
+            timer_lines(&all, ".__a=b"),
+            ["t.__a=b:120|ms\n", "t.__a=b:80|ms\n"]
+        );
+        let sample = Timer {
+            name: "t".into(),
+            values: vec![120],
+            recorded: 4,
+        };
+        assert_eq!(timer_lines(&sample, ""), ["t:120|ms|@0.25\n"]);
+    }
 
     #[test]
     fn tags_are_written_as_upstreams_client_writes_them() {

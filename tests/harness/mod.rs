@@ -3,6 +3,8 @@
 
 #![allow(dead_code)]
 
+pub mod statsd;
+
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::process::{Child, Command, Stdio};
