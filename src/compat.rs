@@ -412,7 +412,9 @@ impl<'a> Translator<'a> {
         }
         let interval = self.millis("STATS_FLUSH_INTERVAL", "10s")?;
         self.set("statsd.flush_interval_ms", interval);
-        self.copy("EXTRA_TAGS", "statsd.extra_tags");
+        if let Some(tags) = self.get("EXTRA_TAGS") {
+            self.set("statsd.extra_tags", sorted_tags(tags));
+        }
         Ok(())
     }
 
@@ -484,6 +486,15 @@ fn percent_encoded(text: &str) -> String {
             _ => format!("%{byte:02X}"),
         })
         .collect()
+}
+
+/// `EXTRA_TAGS` (`key:value,…`) ordered by key: upstream reads them into a map and its
+/// statsd client writes a stat's tags sorted by key, so `foo:bar,a:b` is sent as
+/// `.__a=b.__foo=bar` whatever order the variable gives.
+fn sorted_tags(tags: &str) -> String {
+    let mut pairs: Vec<&str> = tags.split(',').map(str::trim).collect();
+    pairs.sort_by_key(|pair| pair.split_once(':').map_or(*pair, |(key, _)| key));
+    pairs.join(",")
 }
 
 /// `host:port`, an IPv6 host in brackets.
@@ -767,6 +778,12 @@ mod tests {
         assert_eq!(
             value(&set, "FLOODGATE_STATSD__EXTRA_TAGS"),
             Some("env:prod")
+        );
+        let unsorted = translate(&env(&[("EXTRA_TAGS", "foo:bar,a:b")])).expect("translates");
+        assert_eq!(
+            value(&unsorted, "FLOODGATE_STATSD__EXTRA_TAGS"),
+            Some("a:b,foo:bar"),
+            "upstream's client writes tags sorted by key"
         );
         let refused = translate(&env(&[("STATSD_PROTOCOL", "sctp")]));
         assert!(refused.unwrap_err().0.contains("STATSD_PROTOCOL"));

@@ -7,75 +7,20 @@
 mod harness;
 mod otlp_support;
 mod redis_harness;
+mod upstream_process;
 mod xds_support;
 
-use std::io::{BufRead, BufReader};
-use std::net::SocketAddr;
 use std::path::Path;
-use std::process::{Child, Stdio};
 
 use floodgate::proto::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
 use harness::{OK, OVER_LIMIT, descriptor, request};
 use redis_harness::RedisServer;
 use redis_harness::tls::{Certificates, text};
 use tonic::transport::{Certificate, ClientTlsConfig, Endpoint, Identity};
+use upstream_process::Upstream;
 use xds_support::{Snapshot, Tls, XdsServer};
 
 const RULES: &str = "domain: compat\ndescriptors:\n  - key: user\n    rate_limit: {unit: day, requests_per_unit: 2}\n";
-
-/// floodgate started as `ratelimit` with `env` (nothing else of the caller's environment),
-/// its log in `dir`; the child and the addresses of its startup line.
-struct Upstream {
-    child: Child,
-    log: std::path::PathBuf,
-    grpc: SocketAddr,
-    http: SocketAddr,
-    metrics: Option<SocketAddr>,
-}
-
-impl Upstream {
-    fn start(dir: &Path, env: &[(&str, &str)]) -> Upstream {
-        let binary = dir.join("ratelimit");
-        std::os::unix::fs::symlink(env!("CARGO_BIN_EXE_floodgate"), &binary)
-            .expect("a `ratelimit` link to the binary");
-        let log = dir.join("stderr");
-        let mut child = std::process::Command::new(&binary)
-            .env_clear()
-            .envs(env.iter().copied())
-            .stdout(Stdio::piped())
-            .stderr(std::fs::File::create(&log).expect("a log file"))
-            .spawn()
-            .expect("ratelimit starts");
-        let mut line = String::new();
-        BufReader::new(child.stdout.take().expect("stdout"))
-            .read_line(&mut line)
-            .expect("the startup line");
-        let address = |name: &str| {
-            line.split_whitespace()
-                .find_map(|part| part.strip_prefix(name))
-                .and_then(|addr| addr.parse().ok())
-        };
-        let stderr = std::fs::read_to_string(&log).unwrap_or_default();
-        Upstream {
-            grpc: address("grpc=").unwrap_or_else(|| panic!("no grpc in {line:?}: {stderr}")),
-            http: address("http=").unwrap_or_else(|| panic!("no http in {line:?}: {stderr}")),
-            metrics: address("metrics="),
-            child,
-            log,
-        }
-    }
-
-    fn stderr(&self) -> String {
-        std::fs::read_to_string(&self.log).unwrap_or_default()
-    }
-}
-
-impl Drop for Upstream {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
 
 /// The overall codes of three requests for `user` on `client`.
 async fn three_codes(
