@@ -16,9 +16,11 @@
 //! | `Test_mTLS`, `TestReloadGRPCServerCerts` | `mutual_tls_*`, `a_rotated_server_certificate_*` |
 //! | `TestShareThreshold` | `share_threshold_*` |
 //!
+//! | `TestBasicConfig/WithPerSecondRedis…` and the `WithPerSecondRedis…` variants of the TLS, auth, cluster and sentinel tests | `basic_*_per_second_*` rows, a second deployment of the same kind for `REDIS_PERSECOND_*` |
+//! | the local cache's gauges, which upstream reads in `TestBasicConfig` | `the_local_cache_reports_upstreams_gauges` |
+//!
 //! Not ported: the memcache tests (`BACKEND_TYPE=memcache` is not offered, docs/migration.md
-//! `MEMCACHE_*`), and the per-second Redis rows (`REDIS_PERSECOND`), which join the
-//! `variants!` table as rows naming a [`Role::PerSecond`] deployment.
+//! `MEMCACHE_*`).
 
 mod harness;
 mod redis_harness;
@@ -35,6 +37,7 @@ use floodgate::proto::envoy::service::ratelimit::v3::rate_limit_response::{
 use floodgate::proto::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
 use floodgate::proto::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
 use floodgate::proto::ratelimit::config::ratelimit::v3::{RateLimitConfig, RateLimitUnit};
+use harness::statsd::StatsdServer;
 use harness::{OK, OVER_LIMIT, descriptor, request};
 use redis_harness::cluster::RedisCluster;
 use redis_harness::sentinel::{MASTER, Sentinels};
@@ -63,9 +66,7 @@ const RELOAD: Duration = Duration::from_secs(30);
 enum Role {
     /// `REDIS_*`: every limit, or every limit but per-second ones.
     Main,
-    /// `REDIS_PERSECOND_*`: per-second limits, with `REDIS_PERSECOND=true` (no row names it
-    /// yet: floodgate is gaining the second Redis).
-    #[allow(dead_code)]
+    /// `REDIS_PERSECOND_*`: per-second limits, with `REDIS_PERSECOND=true`.
     PerSecond,
 }
 
@@ -181,6 +182,39 @@ variants! {
     basic_through_sentinel_with_local_cache:
         "TestBasicAuthConfigWithRedisSentinel/WithoutPerSecondRedisAuthWithLocalCache",
         &[(Role::Main, Redis::Sentinel)], [LOCAL_CACHE];
+    basic_with_per_second_redis:
+        "TestBasicConfig/WithPerSecondRedis",
+        &[(Role::Main, Redis::Plain), (Role::PerSecond, Redis::Plain)], [];
+    basic_with_per_second_redis_and_local_cache:
+        "TestBasicConfig/WithPerSecondRedisWithLocalCache",
+        &[(Role::Main, Redis::Plain), (Role::PerSecond, Redis::Plain)], [LOCAL_CACHE];
+    basic_with_per_second_redis_stopping_the_increment_over_the_limit:
+        "TestBasicConfig/WithPerSecondRedisWithstopCacheKeyIncrementWhenOverlimitConfig",
+        &[(Role::Main, Redis::Plain), (Role::PerSecond, Redis::Plain)], [STOP_INCREMENT];
+    basic_over_tls_with_per_second_redis:
+        "TestBasicTLSConfig/WithPerSecondRedisTLS",
+        &[(Role::Main, Redis::Tls), (Role::PerSecond, Redis::Tls)], [];
+    basic_over_tls_with_per_second_redis_and_local_cache:
+        "TestBasicTLSConfig/WithPerSecondRedisTLSWithLocalCache",
+        &[(Role::Main, Redis::Tls), (Role::PerSecond, Redis::Tls)], [LOCAL_CACHE];
+    basic_with_a_password_and_per_second_redis:
+        "TestBasicAuthConfig/WithPerSecondRedisAuth",
+        &[(Role::Main, Redis::Password), (Role::PerSecond, Redis::Password)], [];
+    basic_with_a_password_per_second_redis_and_local_cache:
+        "TestBasicAuthConfig/WithPerSecondRedisAuthWithLocalCache",
+        &[(Role::Main, Redis::Password), (Role::PerSecond, Redis::Password)], [LOCAL_CACHE];
+    basic_on_a_cluster_with_per_second_redis:
+        "TestBasicAuthConfigWithRedisCluster/WithPerSecondRedisAuth",
+        &[(Role::Main, Redis::Cluster), (Role::PerSecond, Redis::Cluster)], [];
+    basic_on_a_cluster_with_per_second_redis_and_local_cache:
+        "TestBasicAuthConfigWithRedisCluster/WithPerSecondRedisAuthWithLocalCache",
+        &[(Role::Main, Redis::Cluster), (Role::PerSecond, Redis::Cluster)], [LOCAL_CACHE];
+    basic_through_sentinel_with_per_second_redis:
+        "TestBasicAuthConfigWithRedisSentinel/WithPerSecondRedisAuth",
+        &[(Role::Main, Redis::Sentinel), (Role::PerSecond, Redis::Sentinel)], [];
+    basic_through_sentinel_with_per_second_redis_and_local_cache:
+        "TestBasicAuthConfigWithRedisSentinel/WithPerSecondRedisAuthWithLocalCache",
+        &[(Role::Main, Redis::Sentinel), (Role::PerSecond, Redis::Sentinel)], [LOCAL_CACHE];
 }
 
 /// A running Redis deployment (a server, a cluster, sentinels), kept until the test ends.
@@ -266,6 +300,9 @@ fn start_redis(
     env: &mut Vec<(String, String)>,
 ) -> Running {
     let prefix = role.prefix();
+    if let Role::PerSecond = role {
+        env.push(("REDIS_PERSECOND".into(), "true".into()));
+    }
     let mut set = |name: &str, value: String| env.push((format!("{prefix}{name}"), value));
     let address = |server: &RedisServer| format!("127.0.0.1:{}", server.port());
     let with_password = Access {
@@ -598,8 +635,8 @@ async fn basic_scenario(server: &Upstream, variant: &Variant) {
             OK,
             &[ok_without_limit()],
         );
-    // Upstream reads its local cache's hit and miss gauges here and below; floodgate does
-    // not keep them (README, Metrics: "Not sent yet: … its local-cache gauges").
+    // Upstream reads its local cache's hit and miss gauges here and below; floodgate's are
+    // checked on their own (`the_local_cache_reports_upstreams_gauges`).
 
     let key1 = key("key1");
     ask(&mut client, "basic", &[(&key1, "foo")]).await.expect(
@@ -944,48 +981,84 @@ async fn reload_over_xds_takes_a_new_snapshot_and_the_old_one_back() {
     .await;
 }
 
+/// floodgate as `ratelimit` of `variant`, its stats going to `statsd` every 100 ms, with
+/// the `extra` variables.
+fn with_statsd(deployment: &Deployment, statsd: &StatsdServer, extra: &[(&str, &str)]) -> Upstream {
+    let port = statsd.addr.rsplit(':').next().expect("host:port");
+    let mut env = vec![
+        ("USE_STATSD", "true"),
+        ("STATSD_HOST", "127.0.0.1"),
+        ("STATSD_PORT", port),
+        ("STATSD_PROTOCOL", "udp"),
+        ("STATS_FLUSH_INTERVAL", "100ms"),
+    ];
+    env.extend_from_slice(extra);
+    deployment.floodgate(&env)
+}
+
 /// `EXTRA_TAGS` reach every stat upstream sends, as its statsd client writes tags.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn extra_tags_are_sent_with_upstreams_stats() {
-    use std::collections::HashMap;
-    let statsd = tokio::net::UdpSocket::bind("127.0.0.1:0")
-        .await
-        .expect("a UDP port");
-    let port = statsd.local_addr().expect("its address").port().to_string();
+    let mut statsd = StatsdServer::start("udp");
     let variant = Variant {
         upstream: "TestBasicConfig_ExtraTags",
         redis: MAIN_PLAIN,
         env: &[],
     };
     let deployment = Deployment::start(&variant);
-    let server = deployment.floodgate(&[
-        ("USE_STATSD", "true"),
-        ("STATSD_HOST", "127.0.0.1"),
-        ("STATSD_PORT", &port),
-        ("STATSD_PROTOCOL", "udp"),
-        ("STATS_FLUSH_INTERVAL", "100ms"),
-        ("EXTRA_TAGS", "foo:bar,a:b"),
-    ]);
+    let server = with_statsd(&deployment, &statsd, &[("EXTRA_TAGS", "foo:bar,a:b")]);
     let mut client = client(&server).await;
     ask(&mut client, "basic", &[("key1", "foo")]).await;
     let hits = "ratelimit.service.rate_limit.basic.key1.total_hits.__a=b.__foo=bar";
     let loads = "ratelimit.service.config_load_success.__a=b.__foo=bar";
-    // Counts summed over flushes, until both are in (or 10 s pass).
-    let mut sums: HashMap<String, u64> = HashMap::new();
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-    let mut datagram = [0u8; 2048];
-    while !(sums.contains_key(hits) && sums.contains_key(loads)) {
-        let received = tokio::time::timeout_at(deadline, statsd.recv(&mut datagram))
-            .await
-            .unwrap_or_else(|_| panic!("only {sums:?}"))
-            .expect("a datagram");
-        for line in String::from_utf8_lossy(&datagram[..received]).lines() {
-            let (name, value) = line.split_once(':').expect("name:value|type");
-            let count = value.split('|').next().and_then(|n| n.parse().ok());
-            *sums.entry(name.to_owned()).or_default() += count.unwrap_or(0);
-        }
+    statsd.receive_until(Duration::from_secs(10), |received| {
+        received.counter(hits) == 1 && received.counter(loads) == 1
+    });
+}
+
+/// Upstream's local-cache gauges (`ratelimit.localcache.*`, freecache's counts): a limit
+/// of 20 a minute asked 25 times finds its counter in the cache from the 22nd request on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_local_cache_reports_upstreams_gauges() {
+    let mut statsd = StatsdServer::start("udp");
+    let variant = Variant {
+        upstream: "TestBasicConfig/WithoutPerSecondRedisWithLocalCache (its gauges)",
+        redis: MAIN_PLAIN,
+        env: &[LOCAL_CACHE],
+    };
+    let deployment = Deployment::start(&variant);
+    let server = with_statsd(&deployment, &statsd, &[]);
+    let mut client = client(&server).await;
+    let value = fresh_value();
+    room_in_window(Unit::Minute).await;
+    for _ in 0..25 {
+        ask(&mut client, "another", &[("key2_local", &value)]).await;
     }
-    assert_eq!((sums[hits], sums[loads]), (1, 1), "{sums:?}");
+    let gauge = |received: &harness::statsd::Received, name: &str| {
+        (received.gauges.get(&format!("ratelimit.localcache.{name}"))).copied()
+    };
+    statsd.receive_until(Duration::from_secs(10), |received| {
+        gauge(received, "lookupCount") == Some(25)
+    });
+    let received = &statsd.received;
+    let read = |name| gauge(received, name).unwrap_or_else(|| panic!("{name}: {received:?}"));
+    // The 21st request is the first rejection, from Redis; the next four are the cache's.
+    assert_eq!(
+        (read("hitCount"), read("missCount"), read("entryCount")),
+        (4, 21, 1),
+        "{received:?}"
+    );
+    assert_eq!(
+        (
+            read("evacuateCount"),
+            read("expiredCount"),
+            read("overwriteCount")
+        ),
+        (0, 0, 0)
+    );
+    let stored = read("averageAccessTime");
+    let now = since_epoch().as_secs();
+    assert!((now - 60..=now).contains(&stored), "{stored} against {now}");
 }
 
 /// A gRPC client of `server` over TLS, trusting `ca`, with `identity` when given.
