@@ -115,14 +115,14 @@ fn counting(c: &mut Criterion) {
         )
     };
     for i in 0..200_000 {
-        cache.observe(&key(i), &exhausted);
+        cache.observe(&key(i), &exhausted, cache.now_micros());
     }
     let fresh: Vec<CounterKey> = (1_000_000..1_010_000).map(key).collect();
     let mut i = 0;
     c.bench_function("over_limit_cache_full_new_key", |b| {
         b.iter(|| {
             i = (i + 1) % fresh.len();
-            cache.observe(&fresh[i], &exhausted)
+            cache.observe(&fresh[i], &exhausted, cache.now_micros())
         })
     });
 }

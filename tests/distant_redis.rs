@@ -260,3 +260,44 @@ async fn sigterm_under_load_lets_the_calls_in_flight_be_decided() {
         .collect();
     assert!(answered_by_server.is_empty(), "{answered_by_server:#?}");
 }
+
+/// The over-limit cache answers a far Redis' rejection with the time left to the end of the
+/// window, not a round trip more: its entry's time left counts from when Redis was asked.
+/// (Before, it counted from when the answer arrived, so the cache rejected for one way's
+/// delay after Redis had opened the next window.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_over_limit_cache_ends_with_a_far_redis_window() {
+    const RULE: &str = "
+domain: far
+descriptors:
+  - key: tiny
+    rate_limit: {unit: hour, requests_per_unit: 1}
+";
+    let one_way = Duration::from_millis(100);
+    let redis = RedisServer::start();
+    let link = DelayedLink::to(redis.port(), one_way).await;
+    let server = Floodgate::start_with_env(
+        &[("rules.yaml", RULE)],
+        &["--backend", "redis", "--redis-url", &link.url()],
+        &[("FLOODGATE_REDIS_COMMAND_TIMEOUT_MS", "2000")],
+    );
+    let ask = || request("far", vec![descriptor(&[("tiny", "t")])]);
+    let mut client = server.client().await;
+    for _ in 0..2 {
+        // The first takes the quota; the second's rejection is remembered.
+        client.should_rate_limit(ask()).await.expect("an answer");
+    }
+    let before = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("after 1970");
+    let cached = client.should_rate_limit(ask()).await.expect("an answer");
+    let status = &cached.get_ref().statuses[0];
+    let reset = status.duration_until_reset.expect("a reset time");
+    let reset = Duration::new(reset.seconds as u64, reset.nanos as u32);
+    let window_end = Duration::from_secs((before.as_secs() / 3600 + 1) * 3600);
+    assert!(
+        before + reset <= window_end,
+        "the cached rejection ends {:?} after the window",
+        (before + reset) - window_end
+    );
+}

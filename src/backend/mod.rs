@@ -351,6 +351,8 @@ impl Backend {
                     .flatten()
             })
             .collect();
+        // Redis computes the time left after this; from it, the entry can only end early.
+        let asked = cache.now_micros();
         let mut origins = Vec::new();
         let results = if cached.iter().all(Option::is_none) {
             self.call(hits, on_reject, deadline).await
@@ -389,12 +391,13 @@ impl Backend {
                 })
                 .collect()
         };
-        for (hit, result) in hits.iter().zip(&results) {
-            if let Ok(decision) = result {
-                cache.observe(&hit.key, decision);
+        let answers = Answers { results, origins };
+        for (i, (hit, result)) in hits.iter().zip(&answers.results).enumerate() {
+            if let (Ok(decision), Origin::Store) = (result, answers.origin(i)) {
+                cache.observe(&hit.key, decision, asked);
             }
         }
-        Answers { results, origins }
+        answers
     }
 
     /// The per-second hits on `per_second`, the others here, both at once; the answers in

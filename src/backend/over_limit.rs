@@ -146,8 +146,17 @@ impl OverLimitCache {
         })
     }
 
-    /// Remembers `key` when the backend's `decision` says it is exhausted.
-    pub fn observe(&self, key: &CounterKey, decision: &Decision) {
+    /// The cache's clock (µs since the epoch): when a backend call starts, for
+    /// [`OverLimitCache::observe`].
+    pub fn now_micros(&self) -> u64 {
+        self.clock.now_micros()
+    }
+
+    /// Remembers `key` when the backend's `decision`, to a call sent at `asked` (µs since
+    /// the epoch), says it is exhausted. The time left is counted from `asked`: the backend
+    /// measured it later, so the entry ends at the latest when the backend's window does,
+    /// never a round trip after it.
+    pub fn observe(&self, key: &CounterKey, decision: &Decision, asked: u64) {
         if self.capacity_per_shard == 0
             || decision.allowed
             || decision.remaining > 0
@@ -156,7 +165,7 @@ impl OverLimitCache {
             return;
         }
         let now = self.clock.now_micros();
-        let until = now.saturating_add(decision.reset_micros);
+        let until = asked.min(now).saturating_add(decision.reset_micros);
         let entry = Entry {
             until,
             accessed: seconds(now),
@@ -268,13 +277,32 @@ mod tests {
     #[test]
     fn an_exhausted_counter_is_rejected_locally_until_its_quota_returns() {
         let (clock, cache) = cache(100);
-        cache.observe(&key("a"), &exhausted(500));
+        cache.observe(&key("a"), &exhausted(500), cache.now_micros());
         assert_eq!(cache.answer(&key("a"), Hits::take(1)), Some(exhausted(500)));
         clock.advance(200);
         assert_eq!(cache.answer(&key("a"), Hits::take(1)), Some(exhausted(300)));
         clock.advance(300);
         assert_eq!(cache.answer(&key("a"), Hits::take(1)), None);
         assert!(cache.is_empty());
+    }
+
+    #[test]
+    fn the_time_left_counts_from_when_the_call_was_sent() {
+        let (clock, cache) = cache(100);
+        let asked = cache.now_micros();
+        clock.advance(8_000);
+        cache.observe(&key("a"), &exhausted(500_000), asked);
+        assert_eq!(
+            cache.answer(&key("a"), Hits::take(1)),
+            Some(exhausted(492_000)),
+            "the 8 ms the answer took are part of the window, not added to it"
+        );
+        clock.advance(492_000);
+        assert_eq!(
+            cache.answer(&key("a"), Hits::take(1)),
+            None,
+            "ended with it"
+        );
     }
 
     #[test]
@@ -285,14 +313,14 @@ mod tests {
             remaining: 3,
             reset_micros: 500,
         };
-        cache.observe(&key("a"), &expensive);
+        cache.observe(&key("a"), &expensive, cache.now_micros());
         assert_eq!(cache.answer(&key("a"), Hits::take(1)), None);
     }
 
     #[test]
     fn checks_go_to_the_backend_and_give_backs_forget_the_entry() {
         let (_, cache) = cache(100);
-        cache.observe(&key("a"), &exhausted(500));
+        cache.observe(&key("a"), &exhausted(500), cache.now_micros());
         assert_eq!(cache.answer(&key("a"), Hits::take(0)), None);
         assert_eq!(cache.answer(&key("a"), Hits::give_back(1)), None);
         assert_eq!(cache.answer(&key("a"), Hits::take(1)), None);
@@ -303,7 +331,7 @@ mod tests {
         let (_, cache) = cache(SHARDS);
         for i in 0..10 * SHARDS {
             let key = key(&i.to_string());
-            cache.observe(&key, &exhausted(100));
+            cache.observe(&key, &exhausted(100), cache.now_micros());
             assert!(
                 cache.answer(&key, Hits::take(1)).is_some(),
                 "the newest is kept"
@@ -315,8 +343,8 @@ mod tests {
     #[test]
     fn clear_forgets_every_exhausted_counter() {
         let (_, cache) = cache(100);
-        cache.observe(&key("a"), &exhausted(500));
-        cache.observe(&key("b"), &exhausted(500));
+        cache.observe(&key("a"), &exhausted(500), cache.now_micros());
+        cache.observe(&key("b"), &exhausted(500), cache.now_micros());
         cache.clear();
         assert!(cache.is_empty());
         assert_eq!(cache.answer(&key("a"), Hits::take(1)), None);
@@ -325,8 +353,8 @@ mod tests {
     #[test]
     fn counts_follow_upstreams_local_cache_gauges() {
         let (clock, cache) = cache(SHARDS);
-        cache.observe(&key("a"), &exhausted(500));
-        cache.observe(&key("a"), &exhausted(500));
+        cache.observe(&key("a"), &exhausted(500), cache.now_micros());
+        cache.observe(&key("a"), &exhausted(500), cache.now_micros());
         assert!(cache.answer(&key("a"), Hits::take(1)).is_some());
         assert!(cache.answer(&key("b"), Hits::take(1)).is_none());
         assert!(
@@ -336,7 +364,11 @@ mod tests {
         clock.advance(500);
         assert!(cache.answer(&key("a"), Hits::take(1)).is_none(), "expired");
         for i in 0..10 * SHARDS {
-            cache.observe(&key(&i.to_string()), &exhausted(1_000_000_000));
+            cache.observe(
+                &key(&i.to_string()),
+                &exhausted(1_000_000_000),
+                cache.now_micros(),
+            );
         }
         let counts = cache.counts();
         assert_eq!(
@@ -366,7 +398,7 @@ mod tests {
     #[test]
     fn capacity_zero_disables_the_cache() {
         let (_, cache) = cache(0);
-        cache.observe(&key("a"), &exhausted(500));
+        cache.observe(&key("a"), &exhausted(500), cache.now_micros());
         assert_eq!(cache.answer(&key("a"), Hits::take(1)), None);
     }
 }
