@@ -54,7 +54,7 @@ const RULE_COUNTS: [RuleCount; 6] = [
     }),
     (
         "shadow_mode",
-        "Over-limit hits let through by the rule's shadow_mode.",
+        "Hits of over-limit requests let through by the rule's shadow_mode (each request's whole cost).",
         |s| s.shadow_mode.get(),
     ),
     (
