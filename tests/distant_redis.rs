@@ -195,12 +195,25 @@ async fn sigterm_under_load_lets_the_calls_in_flight_be_decided() {
     const IN_FLIGHT: usize = 16;
     let redis = RedisServer::start();
     let link = DelayedLink::to(redis.port(), ONE_WAY).await;
-    // 30 ms: no request here is answered by its policy for want of time.
+    // 100 ms: the subject is the shutdown, so no request here may be answered by its
+    // policy for want of time (at 30 ms, one call in some 50 runs of a debug build on two
+    // busy cores was).
     let server = Floodgate::start_with_env(
         &[("rules.yaml", RULES)],
         &["--backend", "redis", "--redis-url", &link.url()],
-        &[("FLOODGATE_REDIS_COMMAND_TIMEOUT_MS", "30")],
+        &[("FLOODGATE_REDIS_COMMAND_TIMEOUT_MS", "100")],
     );
+    // The subject is the shutdown: the load starts once a request was decided, so the
+    // lane's first calls (16 at once on a cold link, in a debug build) are not counted.
+    let warm = request("far", vec![descriptor(&[("user", "warm-up")])]);
+    let mut warmed = false;
+    for _ in 0..50 {
+        if decided(&server.ask(warm.clone()).await) {
+            warmed = true;
+            break;
+        }
+    }
+    assert!(warmed, "no request decided: {}", server.stderr());
     let outcomes = Arc::new(Mutex::new(Vec::new()));
     let mut tasks = Vec::new();
     for task in 0..IN_FLIGHT {
