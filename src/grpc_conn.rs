@@ -27,7 +27,7 @@ use hyper_util::service::TowerToHyperService;
 use tokio::sync::watch;
 use tokio::time::{Instant, sleep_until};
 
-use crate::socket::{Connection, Connections, next_until};
+use crate::listener::{Connection, Connections, next_until};
 
 /// The gRPC connection's receive window: 16 MiB of request bodies a connection may hold
 /// unread before h2 calls it abusive (at ~450 bytes a request, some 37,000).

@@ -27,8 +27,18 @@ use crate::json_body::{BadBody, JsonBody};
 use crate::metrics::{self, Endpoint};
 use crate::proto::envoy::service::ratelimit::v3::RateLimitRequest;
 use crate::proto::envoy::service::ratelimit::v3::rate_limit_response::Code;
-use crate::server::Readiness;
 use crate::service::{DecideError, RateLimiter, grpc};
+
+/// What readiness (`/readyz`, gRPC health) reflects.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Readiness {
+    /// Ready while the server serves (its rules loaded, its listeners up): with the backend
+    /// failing, each rule's `on_backend_error` still answers, so the replica stays in the
+    /// Service and its policies get to answer.
+    Serving,
+    /// Also unready while the backend's circuit is open (`readiness_follows_backend`).
+    FollowsBackend,
+}
 
 /// What the HTTP handlers share.
 #[derive(Clone)]

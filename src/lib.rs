@@ -25,6 +25,7 @@ pub mod counters_cli;
 pub mod files;
 pub mod grpc_conn;
 pub mod http;
+pub mod instruments;
 pub mod json_body;
 pub mod limiter;
 pub mod listener;

@@ -35,7 +35,9 @@ use tokio::net::TcpListener;
 use tokio::sync::oneshot;
 use tokio::time::{Instant, Sleep};
 
-use crate::socket::{Connection, Listener, Socket};
+use tokio_rustls::server::TlsStream;
+
+use crate::socket::{Listener, Socket, delegate_io};
 
 /// How long a connection may go without sending anything.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -156,6 +158,36 @@ impl Drop for Enrolled {
 /// What the reads of a connection closed to make room fail with.
 fn closed_to_make_room() -> io::Error {
     io::Error::other("closed before its handshake to make room at the descriptor limit")
+}
+
+/// A connection the gRPC server serves: plain, or under TLS once its handshake is done.
+pub enum Connection {
+    Plain(Guarded<Socket>),
+    Tls(Box<TlsStream<Guarded<Socket>>>),
+}
+
+delegate_io!(Connection, Plain, Tls);
+
+/// A listener's connections: plain, or after their TLS handshake.
+pub type Connections = Pin<Box<dyn futures_util::Stream<Item = io::Result<Connection>> + Send>>;
+
+/// The next connection of `incoming`, until `stopped`; `None` once either ends. A failed
+/// accept or handshake is logged (naming the listener, `what`) and skipped.
+pub async fn next_until(
+    incoming: &mut Connections,
+    mut stopped: Pin<&mut impl std::future::Future<Output = ()>>,
+    what: &str,
+) -> Option<Connection> {
+    use futures_util::StreamExt;
+    loop {
+        tokio::select! {
+            io = incoming.next() => match io? {
+                Ok(io) => return Some(io),
+                Err(error) => tracing::debug!("accepting a {what} connection: {error}"),
+            },
+            () = stopped.as_mut() => return None,
+        }
+    }
 }
 
 /// A connection that fails its reads once it has been silent too long (see the module).

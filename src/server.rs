@@ -30,14 +30,15 @@ use tokio::task::JoinHandle;
 
 use crate::backend::redis::Password;
 use crate::grpc_conn::{self, Http2Limits};
+pub use crate::http::Readiness;
 use crate::http::{self, HttpState};
-use crate::listener::{Acceptor, Handshaking, Timeouts};
+use crate::listener::{Acceptor, Connections, Handshaking, Timeouts, next_until};
 use crate::proto::FILE_DESCRIPTOR_SET;
 use crate::proto::envoy::service::ratelimit::v3::rate_limit_service_server::RateLimitServiceServer;
 use crate::service::RateLimiter;
 use crate::service::grpc::{CallDeadline, GrpcService, StampArrival};
 use crate::settings::ConnectionLimits;
-use crate::socket::{Connections, Listener, next_until};
+use crate::socket::Listener;
 use crate::tls::ServerTls;
 
 /// Where and how the gRPC port listens.
@@ -56,17 +57,6 @@ pub struct AdminEndpoint {
     pub token: Option<Password>,
     /// Serve over TLS only (mutual TLS when it names a client CA).
     pub tls: Option<Arc<ServerTls>>,
-}
-
-/// What readiness (`/readyz`, gRPC health) reflects.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Readiness {
-    /// Ready while the server serves (its rules loaded, its listeners up): with the backend
-    /// failing, each rule's `on_backend_error` still answers, so the replica stays in the
-    /// Service and its policies get to answer.
-    Serving,
-    /// Also unready while the backend's circuit is open (`readiness_follows_backend`).
-    FollowsBackend,
 }
 
 /// Where a listener is bound.

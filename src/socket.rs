@@ -8,9 +8,6 @@ use std::task::{Context, Poll};
 
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpStream, UnixListener, UnixStream};
-use tokio_rustls::server::TlsStream;
-
-use crate::listener::Guarded;
 
 /// A bound listener.
 pub enum Listener {
@@ -78,34 +75,6 @@ pub enum Socket {
     Unix(UnixStream),
 }
 
-/// A listener's connections: plain, or after their TLS handshake.
-pub type Connections = Pin<Box<dyn futures_util::Stream<Item = io::Result<Connection>> + Send>>;
-
-/// The next connection of `incoming`, until `stopped`; `None` once either ends. A failed
-/// accept or handshake is logged (naming the listener, `what`) and skipped.
-pub async fn next_until(
-    incoming: &mut Connections,
-    mut stopped: Pin<&mut impl std::future::Future<Output = ()>>,
-    what: &str,
-) -> Option<Connection> {
-    use futures_util::StreamExt;
-    loop {
-        tokio::select! {
-            io = incoming.next() => match io? {
-                Ok(io) => return Some(io),
-                Err(error) => tracing::debug!("accepting a {what} connection: {error}"),
-            },
-            () = stopped.as_mut() => return None,
-        }
-    }
-}
-
-/// A connection the gRPC server serves: plain, or under TLS once its handshake is done.
-pub enum Connection {
-    Plain(Guarded<Socket>),
-    Tls(Box<TlsStream<Guarded<Socket>>>),
-}
-
 /// AsyncRead and AsyncWrite for an enum whose every variant has them.
 macro_rules! delegate_io {
     ($type:ty, $($variant:ident),+) => {
@@ -166,5 +135,6 @@ macro_rules! delegate_io {
     };
 }
 
+pub(crate) use delegate_io;
+
 delegate_io!(Socket, Tcp, Unix);
-delegate_io!(Connection, Plain, Tls);

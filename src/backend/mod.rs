@@ -11,6 +11,7 @@ pub mod memory;
 mod over_limit;
 mod recent;
 pub mod redis;
+mod stats;
 
 use std::borrow::Cow;
 use std::sync::Arc;
@@ -23,9 +24,9 @@ use breaker::{Admission, BreakerState, Outcome};
 pub use memory::MemoryBackend;
 pub use over_limit::{CacheCounts, OverLimitCache};
 pub use redis::{RedisBackend, RedisClusterBackend, RedisOptions, RedisTls};
+pub use stats::BackendStats;
 
 use crate::limiter::{CounterKey, Decision, Hits, Limit, Unit};
-use crate::metrics::BackendStats;
 
 /// One hit on one counter.
 #[derive(Debug, Clone)]

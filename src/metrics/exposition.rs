@@ -4,7 +4,7 @@
 
 use std::fmt::{Display, Write};
 
-use super::histogram::{BOUNDS_MICROS, Snapshot};
+use crate::instruments::{BOUNDS_MICROS, Snapshot};
 
 /// The `Content-Type` of the text format.
 pub const CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";

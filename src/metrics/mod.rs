@@ -11,7 +11,6 @@
 //! at scrape time (the breaker's state, the over-limit cache's size) is read then.
 
 mod exposition;
-mod histogram;
 mod process;
 mod rule_stats;
 mod samples;
@@ -21,16 +20,15 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 pub use exposition::CONTENT_TYPE;
-pub use histogram::Histogram;
-pub use rule_stats::{Counter, Judged, MAX_REQUEST_LABELLED_SERIES, RuleStats, StatsSlot};
+pub use rule_stats::MAX_REQUEST_LABELLED_SERIES;
 
 use exposition::{Exposition, Kind};
 use rule_stats::{RuleRegistry, SeriesLabels};
 
-use crate::backend::{Backend, BackendError, CacheCounts, MemoryBackend};
-use crate::limiter::Decision;
+use crate::backend::{Backend, CacheCounts, MemoryBackend};
+use crate::instruments::{Counter, Histogram};
 use crate::proto::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry;
-use crate::rules::{MetricLevel, Origin, Rule};
+use crate::rules::{Judged, MetricLevel, Origin, Rule, RuleStats};
 
 /// One of a rule's counts: the name upstream gives it, what `/metrics` says of it, and how
 /// it is read.
@@ -419,18 +417,14 @@ fn render_backend(page: &mut Exposition, backend: &Backend) {
     let name = "floodgate_backend_call_duration_seconds";
     let help = "Time of one request's exchange with the remote backend (Redis); none on memory.";
     page.family(name, Kind::Histogram, help);
-    page.histogram(name, &[], &stats.calls.snapshot());
+    page.histogram(name, &[], &stats.calls().snapshot());
 
     let name = "floodgate_backend_errors_total";
     let help = "Remote backend calls that failed, by kind (circuit_open: refused by the open \
                 circuit breaker without a call).";
     page.family(name, Kind::Counter, help);
-    for kind in ErrorKind::ALL {
-        page.sample(
-            name,
-            &[("kind", kind.name())],
-            stats.errors[kind as usize].get(),
-        );
+    for (kind, count) in stats.errors() {
+        page.sample(name, &[("kind", kind)], count);
     }
 
     let name = "floodgate_backend_shed_total";
@@ -438,7 +432,7 @@ fn render_backend(page: &mut Exposition, backend: &Backend) {
                 on_backend_error, because the backend already had as much work in flight as \
                 it answers in time.";
     page.family(name, Kind::Counter, help);
-    page.sample(name, &[], stats.shed.get());
+    page.sample(name, &[], stats.shed());
 
     let name = "floodgate_backend_circuit_open";
     let help = "1 while the remote backend's circuit breaker is open, else 0.";
@@ -586,92 +580,5 @@ impl RequestStats {
         self.duration.observe(elapsed);
         self.times
             .record(u64::try_from(elapsed.as_micros()).unwrap_or(u64::MAX));
-    }
-}
-
-/// Why a remote backend call failed, as `floodgate_backend_errors_total` labels it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ErrorKind {
-    Timeout,
-    Unavailable,
-    Protocol,
-    Config,
-    /// Not a call: the open circuit breaker refused it.
-    CircuitOpen,
-}
-
-impl ErrorKind {
-    const ALL: [ErrorKind; 5] = [
-        ErrorKind::Timeout,
-        ErrorKind::Unavailable,
-        ErrorKind::Protocol,
-        ErrorKind::Config,
-        ErrorKind::CircuitOpen,
-    ];
-
-    /// The kind of a failed call; `None` for a request shed before any call, which
-    /// `floodgate_backend_shed_total` counts instead.
-    fn of(error: &BackendError) -> Option<Self> {
-        match error {
-            BackendError::Timeout(_)
-            | BackendError::NotReady(_)
-            | BackendError::Late
-            | BackendError::Busy(_) => Some(ErrorKind::Timeout),
-            BackendError::Unavailable(_) | BackendError::NothingCounted(_) => {
-                Some(ErrorKind::Unavailable)
-            }
-            BackendError::Protocol(_) => Some(ErrorKind::Protocol),
-            BackendError::Config(_) => Some(ErrorKind::Config),
-            BackendError::Overloaded(_) => None,
-        }
-    }
-
-    fn name(self) -> &'static str {
-        match self {
-            ErrorKind::Timeout => "timeout",
-            ErrorKind::Unavailable => "unavailable",
-            ErrorKind::Protocol => "protocol",
-            ErrorKind::Config => "config",
-            ErrorKind::CircuitOpen => "circuit_open",
-        }
-    }
-}
-
-/// A remote backend's calls: their duration and their failures. Owned by the
-/// [`Backend`], which records into it.
-#[derive(Debug, Default)]
-pub struct BackendStats {
-    calls: Histogram,
-    errors: [Counter; ErrorKind::ALL.len()],
-    shed: Counter,
-}
-
-impl BackendStats {
-    /// One call to the store that took `elapsed` and answered `results`: each kind of
-    /// failure among them counts once for the call.
-    pub fn record_call(&self, elapsed: Duration, results: &[Result<Decision, BackendError>]) {
-        self.calls.observe(elapsed);
-        let mut seen = [false; ErrorKind::ALL.len()];
-        for error in results.iter().filter_map(|result| result.as_ref().err()) {
-            if let Some(kind) = ErrorKind::of(error) {
-                seen[kind as usize] = true;
-            }
-        }
-        for (kind, seen) in ErrorKind::ALL.into_iter().zip(seen) {
-            if seen {
-                self.errors[kind as usize].add(1);
-            }
-        }
-    }
-
-    /// A call the open circuit breaker refused.
-    pub fn record_circuit_open(&self) {
-        self.errors[ErrorKind::CircuitOpen as usize].add(1);
-    }
-
-    /// A request shed before its call: the backend had as much in flight as it answers in
-    /// time.
-    pub fn record_shed(&self) {
-        self.shed.add(1);
     }
 }

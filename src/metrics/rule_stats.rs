@@ -1,132 +1,16 @@
-//! Per-rule statistics with envoyproxy/ratelimit's meaning, and the registry that keeps them
-//! by (domain, key path) so they outlive a rule reload.
+//! The registry of rule statistics ([`RuleStats`], kept by the rules): by (domain, key path),
+//! so that they outlive a rule reload.
 
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, OnceLock, PoisonError};
+use std::sync::{Arc, Mutex, PoisonError};
 
-use crate::limiter::Decision;
+use crate::rules::RuleStats;
 
 /// Series labelled with request values (`detailed_metric`, `value_to_metric`, request
 /// overrides) beyond this many are not created: the hits of a labelled rule then count in
 /// its unlabelled series, those of an override nowhere. It keeps a client that sends a new
 /// value per request from growing the page (and this process) without bound.
 pub const MAX_REQUEST_LABELLED_SERIES: usize = 10_000;
-
-/// A monotonically increasing count.
-#[derive(Debug, Default)]
-pub struct Counter(AtomicU64);
-
-impl Counter {
-    pub fn add(&self, amount: u64) {
-        if amount > 0 {
-            self.0.fetch_add(amount, Ordering::Relaxed);
-        }
-    }
-
-    pub fn get(&self) -> u64 {
-        self.0.load(Ordering::Relaxed)
-    }
-}
-
-/// One rule's hit counts, each in hits (a request's cost), not requests.
-#[derive(Debug, Default)]
-pub struct RuleStats {
-    pub total_hits: Counter,
-    pub over_limit: Counter,
-    /// Hits that brought the count above `near_limit_ratio` × limit, over the limit or not.
-    pub near_limit: Counter,
-    pub within_limit: Counter,
-    /// Over-limit hits that a `shadow_mode` rule let through.
-    pub shadow_mode: Counter,
-    /// Over-limit hits answered from the over-limit cache, without the backend.
-    pub over_limit_with_local_cache: Counter,
-}
-
-/// How a descriptor's hits were judged, for its rule's statistics.
-#[derive(Debug, Clone, Copy)]
-pub enum Judged {
-    /// A counter decided, against a limit of `capacity` (requests per unit, or the burst).
-    Counted {
-        decision: Decision,
-        capacity: u64,
-        shadow: bool,
-    },
-    /// The over-limit cache rejected the hits without asking the backend.
-    FromCache { shadow: bool },
-    /// `unlimited: true`: always within.
-    Unlimited,
-    /// No counter decided (the backend failed and the rule's policy answered, or the request
-    /// was rejected before this counter was asked): only a hit.
-    Undecided,
-}
-
-impl RuleStats {
-    /// Counts `hits` as envoyproxy/ratelimit does. A counter's count before and after the
-    /// hits comes from the decision: an allowed hit left `remaining`, a rejected one was not
-    /// counted and found `remaining`. Hits crossing a threshold are split at it: 3 rejected hits
-    /// that would take a count of 4 to 7 against a limit of 5 (near-limit threshold 4) are
-    /// 2 over the limit and 1 near it. As upstream, hits of a rejection never count within.
-    pub fn record(&self, hits: u64, judged: Judged, near_limit_ratio: f64) {
-        self.total_hits.add(hits);
-        match judged {
-            Judged::Undecided => {}
-            Judged::Unlimited => self.within_limit.add(hits),
-            Judged::FromCache { shadow } => {
-                self.over_limit.add(hits);
-                self.over_limit_with_local_cache.add(hits);
-                if shadow {
-                    self.shadow_mode.add(hits);
-                }
-            }
-            Judged::Counted {
-                decision,
-                capacity,
-                shadow,
-            } => {
-                // Truncated toward zero, as upstream's floor.
-                let near = (capacity as f64 * near_limit_ratio) as u64;
-                if decision.allowed {
-                    let after = capacity.saturating_sub(decision.remaining);
-                    let before = after.saturating_sub(hits);
-                    self.within_limit.add(hits);
-                    if after > near {
-                        self.near_limit.add(after - before.max(near));
-                    }
-                } else {
-                    let before = capacity.saturating_sub(decision.remaining);
-                    let after = before.saturating_add(hits);
-                    if before >= capacity {
-                        self.over_limit.add(hits);
-                    } else {
-                        self.over_limit.add(after - capacity);
-                        self.near_limit.add(capacity - before.max(near));
-                    }
-                    if shadow {
-                        self.shadow_mode.add(hits);
-                    }
-                }
-            }
-        }
-    }
-}
-
-/// Where a rule keeps its statistics once found, so later hits skip the registry. Not part
-/// of the rule's identity: two rules compare equal whatever their slots hold.
-#[derive(Debug, Default, Clone)]
-pub struct StatsSlot(OnceLock<Arc<RuleStats>>);
-
-impl StatsSlot {
-    pub(super) fn get_or_init(&self, find: impl FnOnce() -> Arc<RuleStats>) -> &RuleStats {
-        self.0.get_or_init(find)
-    }
-}
-
-impl PartialEq for StatsSlot {
-    fn eq(&self, _: &Self) -> bool {
-        true
-    }
-}
 
 /// The labels of one series: the domain and the key path (`key1`, `key2`, …).
 pub type SeriesLabels = (String, Vec<String>);
@@ -183,64 +67,6 @@ impl RuleRegistry {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn counted(allowed: bool, remaining: u64) -> Judged {
-        Judged::Counted {
-            decision: Decision {
-                allowed,
-                remaining,
-                reset_micros: 1,
-            },
-            capacity: 5,
-            shadow: false,
-        }
-    }
-
-    fn counts(stats: &RuleStats) -> [u64; 4] {
-        [
-            stats.total_hits.get(),
-            stats.within_limit.get(),
-            stats.near_limit.get(),
-            stats.over_limit.get(),
-        ]
-    }
-
-    #[test]
-    fn seven_single_hits_on_a_limit_of_five() {
-        let stats = RuleStats::default();
-        for remaining in (0..5).rev() {
-            stats.record(1, counted(true, remaining), 0.8);
-        }
-        stats.record(1, counted(false, 0), 0.8);
-        stats.record(1, counted(false, 0), 0.8);
-        // near threshold 4: only the fifth hit (count 4 → 5) is near.
-        assert_eq!(counts(&stats), [7, 5, 1, 2]);
-    }
-
-    #[test]
-    fn hits_crossing_the_limit_are_split_at_it() {
-        let stats = RuleStats::default();
-        // Count 3, then a cost of 4 rejected: 3 → 7 against 5 is 2 over; 4 → 5 near.
-        stats.record(4, counted(false, 2), 0.8);
-        assert_eq!(counts(&stats), [4, 0, 1, 2]);
-    }
-
-    #[test]
-    fn allowed_hits_crossing_the_near_threshold_count_only_above_it() {
-        let stats = RuleStats::default();
-        // 2 → 5 with a near threshold of 4: one near-limit hit.
-        stats.record(3, counted(true, 0), 0.8);
-        assert_eq!(counts(&stats), [3, 3, 1, 0]);
-    }
-
-    #[test]
-    fn cache_answers_are_over_limit_and_shadow_rules_count_shadow_hits() {
-        let stats = RuleStats::default();
-        stats.record(2, Judged::FromCache { shadow: true }, 0.8);
-        assert_eq!(stats.over_limit_with_local_cache.get(), 2);
-        assert_eq!(stats.shadow_mode.get(), 2);
-        assert_eq!(counts(&stats), [2, 0, 0, 2]);
-    }
 
     #[test]
     fn request_labelled_series_stop_at_the_cap_but_known_ones_stay() {

@@ -10,9 +10,9 @@ use super::limits::{self, Configured};
 use super::reader::{Fields, Reader};
 use super::yaml;
 use super::{
-    DescriptorNode, Descriptors, MetricLevel, OnBackendError, Policy, Rule, Source, Wildcard,
+    DescriptorNode, Descriptors, MetricLevel, OnBackendError, Policy, Rule, Source, StatsSlot,
+    Wildcard,
 };
-use crate::metrics::StatsSlot;
 
 const DESCRIPTOR_KEYS: [&str; 12] = [
     "key",

@@ -14,6 +14,7 @@ mod limits;
 mod load;
 mod matcher;
 mod reader;
+mod stats;
 #[cfg(test)]
 mod testing;
 mod wildcard;
@@ -24,6 +25,7 @@ use std::sync::Arc;
 
 pub use load::{DEFAULT_RULES_MAX_BYTES, LoadError, LoadErrors, RuleFiles};
 pub use matcher::Match;
+pub use stats::{Judged, RuleStats, StatsSlot};
 pub use wildcard::Wildcard;
 
 use crate::limiter::Limit;
@@ -115,7 +117,7 @@ pub struct Rule {
     pub metric_levels: Vec<MetricLevel>,
     /// This rule's statistics, found in the metrics registry on its first hit so that later
     /// hits reach them without a lookup.
-    pub stats: crate::metrics::StatsSlot,
+    pub stats: StatsSlot,
 }
 
 /// One level of a rule's path as metrics see it (envoyproxy/ratelimit's statistics key):

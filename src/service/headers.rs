@@ -9,7 +9,7 @@ use crate::proto::envoy::config::core::v3::HeaderValue;
 use crate::settings::HeaderStyle;
 
 use super::ServiceOptions;
-use super::response::Outcome;
+use super::outcome::Outcome;
 
 pub(super) fn build(
     outcomes: &[Outcome],

@@ -9,7 +9,7 @@ use pbjson_types::{ListValue, Struct, Value, value::Kind};
 use crate::proto::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
 use crate::proto::envoy::service::ratelimit::v3::RateLimitRequest;
 
-use super::response::Outcome;
+use super::outcome::Outcome;
 
 pub(super) fn build(request: &RateLimitRequest, outcomes: &[Outcome]) -> Struct {
     let mut fields = std::collections::HashMap::new();

@@ -10,6 +10,7 @@ pub mod counters;
 pub mod grpc;
 mod headers;
 mod metadata;
+mod outcome;
 pub mod request;
 mod response;
 mod stats;

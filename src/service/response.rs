@@ -8,19 +8,8 @@ use crate::proto::envoy::service::ratelimit::v3::rate_limit_response::{
 };
 use crate::proto::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
 
+use super::outcome::Outcome;
 use super::{Resolution, ServiceOptions, headers, metadata};
-
-/// One descriptor's outcome, before it becomes a wire status.
-pub(super) struct Outcome<'r> {
-    pub status: DescriptorStatus,
-    /// Counted and over its limit (before shadow mode turns the code OK).
-    pub over_limit: bool,
-    pub shadow: bool,
-    pub quota: bool,
-    /// The limit reported in `current_limit`, with its name.
-    pub reported: Option<(Option<&'r str>, &'r Limit, Decision)>,
-    pub rule: Option<&'r crate::rules::Rule>,
-}
 
 /// The response, and whether global shadow mode turned it OK.
 pub(super) struct Combined {

@@ -3,8 +3,9 @@
 
 use crate::backend::Origin;
 use crate::limiter::Decision;
-use crate::metrics::{Judged, Metrics};
+use crate::metrics::Metrics;
 use crate::proto::envoy::service::ratelimit::v3::RateLimitRequest;
+use crate::rules::Judged;
 
 use super::{Resolution, request, response};
 

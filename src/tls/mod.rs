@@ -40,8 +40,8 @@ use tokio_rustls::rustls::{RootCertStore, ServerConfig};
 
 use crate::files::{self, FileError, PEM_MAX_BYTES};
 use crate::listener::Acceptor;
+use crate::listener::Connection;
 use crate::settings::ListenerTls;
-use crate::socket::Connection;
 use validity::Validity;
 
 /// A TLS setting that cannot be served, named by its settings section.

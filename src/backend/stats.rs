@@ -1,0 +1,110 @@
+//! What the remote backend's calls cost and how they failed, recorded by [`super::Backend`]
+//! and read by `metrics`.
+
+use std::time::Duration;
+
+use super::BackendError;
+use crate::instruments::{Counter, Histogram};
+use crate::limiter::Decision;
+
+/// Why a remote backend call failed, as `floodgate_backend_errors_total` labels it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ErrorKind {
+    Timeout,
+    Unavailable,
+    Protocol,
+    Config,
+    /// Not a call: the open circuit breaker refused it.
+    CircuitOpen,
+}
+
+impl ErrorKind {
+    const ALL: [ErrorKind; 5] = [
+        ErrorKind::Timeout,
+        ErrorKind::Unavailable,
+        ErrorKind::Protocol,
+        ErrorKind::Config,
+        ErrorKind::CircuitOpen,
+    ];
+
+    /// The kind of a failed call; `None` for a request shed before any call, which
+    /// `floodgate_backend_shed_total` counts instead.
+    fn of(error: &BackendError) -> Option<Self> {
+        match error {
+            BackendError::Timeout(_)
+            | BackendError::NotReady(_)
+            | BackendError::Late
+            | BackendError::Busy(_) => Some(ErrorKind::Timeout),
+            BackendError::Unavailable(_) | BackendError::NothingCounted(_) => {
+                Some(ErrorKind::Unavailable)
+            }
+            BackendError::Protocol(_) => Some(ErrorKind::Protocol),
+            BackendError::Config(_) => Some(ErrorKind::Config),
+            BackendError::Overloaded(_) => None,
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            ErrorKind::Timeout => "timeout",
+            ErrorKind::Unavailable => "unavailable",
+            ErrorKind::Protocol => "protocol",
+            ErrorKind::Config => "config",
+            ErrorKind::CircuitOpen => "circuit_open",
+        }
+    }
+}
+
+/// A remote backend's calls: their duration and their failures. Owned by the
+/// [`Backend`](super::Backend), which records into it; `metrics` renders it.
+#[derive(Debug, Default)]
+pub struct BackendStats {
+    calls: Histogram,
+    errors: [Counter; ErrorKind::ALL.len()],
+    shed: Counter,
+}
+
+impl BackendStats {
+    /// One call to the store that took `elapsed` and answered `results`: each kind of
+    /// failure among them counts once for the call.
+    pub fn record_call(&self, elapsed: Duration, results: &[Result<Decision, BackendError>]) {
+        self.calls.observe(elapsed);
+        let mut seen = [false; ErrorKind::ALL.len()];
+        for error in results.iter().filter_map(|result| result.as_ref().err()) {
+            if let Some(kind) = ErrorKind::of(error) {
+                seen[kind as usize] = true;
+            }
+        }
+        for (kind, seen) in ErrorKind::ALL.into_iter().zip(seen) {
+            if seen {
+                self.errors[kind as usize].add(1);
+            }
+        }
+    }
+
+    /// A call the open circuit breaker refused.
+    pub fn record_circuit_open(&self) {
+        self.errors[ErrorKind::CircuitOpen as usize].add(1);
+    }
+
+    /// A request shed before its call: the backend had as much in flight as it answers in
+    /// time.
+    pub fn record_shed(&self) {
+        self.shed.add(1);
+    }
+
+    /// How long each call took.
+    pub fn calls(&self) -> &Histogram {
+        &self.calls
+    }
+
+    /// The failed calls by kind, under their `floodgate_backend_errors_total` labels.
+    pub fn errors(&self) -> impl Iterator<Item = (&'static str, u64)> + '_ {
+        (ErrorKind::ALL.into_iter()).map(|kind| (kind.name(), self.errors[kind as usize].get()))
+    }
+
+    /// Requests shed before their call.
+    pub fn shed(&self) -> u64 {
+        self.shed.get()
+    }
+}

@@ -1,0 +1,25 @@
+//! The instruments every layer counts with: a monotonic [`Counter`] and a latency
+//! [`Histogram`], each a few relaxed atomics. The layers that count (rules, backend, service)
+//! own their instruments; `metrics` reads them to render `/metrics` and statsd.
+
+mod histogram;
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+pub use histogram::{BOUNDS_MICROS, Histogram, Snapshot};
+
+/// A monotonically increasing count.
+#[derive(Debug, Default)]
+pub struct Counter(AtomicU64);
+
+impl Counter {
+    pub fn add(&self, amount: u64) {
+        if amount > 0 {
+            self.0.fetch_add(amount, Ordering::Relaxed);
+        }
+    }
+
+    pub fn get(&self) -> u64 {
+        self.0.load(Ordering::Relaxed)
+    }
+}
