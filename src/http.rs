@@ -3,7 +3,8 @@
 //!
 //! - `GET /healthz`: 200 while the process runs.
 //! - `GET /readyz`: 200 while serving, 503 once shutdown began (and, with
-//!   `readiness_follows_backend`, while the backend fails); the body says the backend's state.
+//!   `readiness_follows_backend`, while the backend fails: [`Readiness`], which the server
+//!   chooses); the body says the backend's state.
 //! - `GET /healthcheck`: `/readyz` under envoyproxy/ratelimit's name (Envoy Gateway's and
 //!   Istio's probes ask it).
 //! - `POST /json`: a protobuf-JSON `RateLimitRequest`, whatever the `content-type` says

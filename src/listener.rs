@@ -1,5 +1,6 @@
-//! What both listeners accept: connections (TCP, or a Unix socket's) that must earn the file
-//! descriptor they hold.
+//! What both listeners accept: connections (TCP, or a Unix socket's, from `socket.rs`) that
+//! must earn the file descriptor they hold, and the [`Connection`] the gRPC server serves
+//! (guarded, plain or under TLS).
 //!
 //! A connection is a file descriptor, and the process has a limited number of them. Left
 //! alone, a client that connects and sends nothing, one that trickles a request's headers a

@@ -1,5 +1,6 @@
-//! What floodgate serves on: a TCP port or a Unix socket, and on the gRPC side the same
-//! under TLS. One type each, so that one server serves whichever the settings chose.
+//! What floodgate serves on: a TCP port or a Unix socket, one type each, so that one server
+//! serves whichever the settings chose. What is served on them, guarded and maybe under TLS,
+//! is `listener.rs`'.
 
 use std::io;
 use std::path::Path;

@@ -5,9 +5,11 @@
 //! (`ratelimit_service_rate_limit_total_hits{domain="api",key1="user_id"}`, …), so dashboards
 //! built for it keep working; the rest are floodgate's own (`floodgate_*`).
 //!
-//! Recording stays off the hot path's bill: every count is a relaxed atomic add on memory
-//! found before the request (a rule's statistics are looked up once, on its first hit, and
-//! then kept in the rule), histograms have fixed buckets, and whatever can be read elsewhere
+//! This module reads; the layers count. A rule's [`RuleStats`] are the rules' own (found
+//! here once, by series, on the rule's first hit, then kept in the rule), the backend's
+//! call figures are its [`BackendStats`](crate::backend::BackendStats), and the request
+//! counts below are the service's; every count is a relaxed atomic add of
+//! [`crate::instruments`], histograms have fixed buckets, and whatever can be read elsewhere
 //! at scrape time (the breaker's state, the over-limit cache's size) is read then.
 
 mod exposition;
