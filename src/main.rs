@@ -683,3 +683,43 @@ impl ShutdownSignals {
         let _ = tokio::signal::ctrl_c().await;
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rules_over_xds_start_empty_awaiting_the_server() {
+        let mut settings = Settings {
+            rules_source: RulesSource::Xds,
+            ..Settings::default()
+        };
+        settings.xds.server_url = "http://xds.example:18000".into();
+        let (rules, files) = initial_rules(&settings).expect("no files to read");
+        assert_eq!(rules.rules().count(), 0);
+        assert_eq!(
+            rules.origin,
+            Origin::AwaitingXds {
+                server: "http://xds.example:18000".into()
+            }
+        );
+        assert!(files.is_none(), "nothing to reload");
+    }
+
+    #[test]
+    fn an_admin_api_without_a_token_or_a_client_ca_is_refused() {
+        let settings = Settings {
+            admin_addr: Some("127.0.0.1:0".parse().expect("an address")),
+            ..Settings::default()
+        };
+        let Err(error) = endpoints(&settings) else {
+            panic!("an open admin API was accepted");
+        };
+        assert!(
+            error
+                .to_string()
+                .starts_with("admin_addr needs admin_token"),
+            "{error}"
+        );
+    }
+}
