@@ -18,7 +18,7 @@ use floodgate::backend::{
 use floodgate::clock::SystemClock;
 use floodgate::reload::{Hangups, Reloader};
 use floodgate::rules::{DEFAULT_RULES_MAX_BYTES, Origin, RuleFiles, RuleSet};
-use floodgate::server::{AdminEndpoint, Endpoints, GrpcEndpoint, Readiness};
+use floodgate::server::{AdminEndpoint, Endpoints, GrpcEndpoint, Readiness, RunningServer};
 use floodgate::service::{RateLimiter, ServiceOptions};
 use floodgate::settings::{BackendKind, HeaderStyle, LogFormat, Overrides, RulesSource, Settings};
 use floodgate::telemetry::Telemetry;
@@ -297,82 +297,21 @@ fn check_config(dir: &std::path::Path, max_bytes: u64, merge_domains: bool) -> E
     }
 }
 
+/// Serves until SIGINT or SIGTERM: the rules, the counters, the rate limiter over both, the
+/// listeners, then the graceful shutdown.
 async fn serve(settings: Settings) -> anyhow::Result<()> {
-    // Every client connection is a file descriptor: take all the kernel allows.
-    match floodgate::listener::raise_open_files_limit() {
-        Ok((before, after)) if after > before => {
-            tracing::info!(before, after, "raised the open files limit");
-        }
-        Ok(_) => {}
-        Err(error) => tracing::warn!("could not raise the open files limit: {error}"),
-    }
-    // The files read here are what later reloads compare the directory with. Rules over
-    // xDS start empty, and wait for the server's first snapshot.
-    let (rules, rule_files) = match settings.rules_source {
-        RulesSource::Files => {
-            let files = RuleFiles::read(&settings.rules, settings.rules_max_bytes)
-                .merging_domains(settings.merge_domain_config);
-            let rules = files
-                .load()
-                .with_context(|| format!("loading rules from {}", settings.rules.display()))?;
-            (rules, Some(files))
-        }
-        RulesSource::Xds => {
-            let origin = Origin::AwaitingXds {
-                server: settings.xds.server_url.clone(),
-            };
-            (
-                RuleSet {
-                    origin,
-                    ..RuleSet::default()
-                },
-                None,
-            )
-        }
-    };
-    let clock = Arc::new(SystemClock);
-    let memory = Arc::new(MemoryBackend::new(
-        clock.clone(),
-        settings.memory_max_counters,
-    ));
-    memory.spawn_sweeper(Duration::from_secs(10));
-    let backend = backend(&settings, &clock, &memory).await?;
+    raise_open_files_limit();
+    let (rules, rule_files) = initial_rules(&settings)?;
+    let (backend, memory) = counters(&settings).await?;
     let mut signals = ShutdownSignals::register()?;
     let hangups = Hangups::register().context("registering SIGHUP")?;
-    let telemetry = Telemetry::from_env()?;
-    if telemetry.is_some() {
-        tracing::info!("tracing decisions, exported over OTLP as the OTEL_* variables say");
+    let limiter = rate_limiter(&settings, rules, backend, memory)?;
+    if settings.rules_source == RulesSource::Xds
+        && !subscribe_xds(&settings, &limiter, &mut signals).await?
+    {
+        return Ok(());
     }
-    let limiter = Arc::new(
-        RateLimiter::new(
-            rules,
-            backend,
-            memory,
-            ServiceOptions::from_settings(&settings),
-        )
-        .with_telemetry(telemetry),
-    );
-    if settings.rules_source == RulesSource::Xds {
-        let subscription = Subscription::new(
-            settings.xds.clone(),
-            settings.rules_max_bytes,
-            limiter.clone(),
-        )
-        .map_err(|error| anyhow::anyhow!("xds.overlays_file: {error}"))?;
-        let (_, first) = subscription.spawn();
-        if !settings.xds.start_without_initial_config {
-            tracing::info!(
-                server = %settings.xds.server_url,
-                "waiting for the first rules from the xDS server before serving"
-            );
-            tokio::select! {
-                _ = first.arrived() => {}
-                () = signals.received() => return Ok(()),
-            }
-        }
-    }
-    let rule_count = limiter.rules().rules().count();
-    let rules_origin = limiter.rules().origin.clone();
+    let served_rules = limiter.rules();
     let reloader = rule_files.map(|files| {
         Reloader::new(
             &settings.rules,
@@ -381,34 +320,154 @@ async fn serve(settings: Settings) -> anyhow::Result<()> {
             limiter.clone(),
         )
     });
+    let endpoints = endpoints(&settings)?;
+    let _statsd = spawn_statsd(&settings, &limiter);
+    let readiness = readiness(&settings);
+    let running = server::start(
+        limiter.clone(),
+        endpoints,
+        settings.connection_limits,
+        readiness,
+    )
+    .await?;
+    reload_rules(&settings, reloader, hangups);
+    announce(&settings, &running, &served_rules);
+    run(running, signals, &settings, &limiter).await
+}
+
+/// Every client connection is a file descriptor: takes all the kernel allows.
+fn raise_open_files_limit() {
+    match floodgate::listener::raise_open_files_limit() {
+        Ok((before, after)) if after > before => {
+            tracing::info!(before, after, "raised the open files limit");
+        }
+        Ok(_) => {}
+        Err(error) => tracing::warn!("could not raise the open files limit: {error}"),
+    }
+}
+
+/// The rules to start with, and the files they were read from. The files are what later
+/// reloads compare the directory with. Rules over xDS start empty, and wait for the server's
+/// first snapshot.
+fn initial_rules(settings: &Settings) -> anyhow::Result<(RuleSet, Option<RuleFiles>)> {
+    match settings.rules_source {
+        RulesSource::Files => {
+            let files = RuleFiles::read(&settings.rules, settings.rules_max_bytes)
+                .merging_domains(settings.merge_domain_config);
+            let rules = files
+                .load()
+                .with_context(|| format!("loading rules from {}", settings.rules.display()))?;
+            Ok((rules, Some(files)))
+        }
+        RulesSource::Xds => {
+            let origin = Origin::AwaitingXds {
+                server: settings.xds.server_url.clone(),
+            };
+            let rules = RuleSet {
+                origin,
+                ..RuleSet::default()
+            };
+            Ok((rules, None))
+        }
+    }
+}
+
+/// The in-memory counters, swept every 10 seconds, and the backend the settings name
+/// (which may be those same counters).
+async fn counters(settings: &Settings) -> anyhow::Result<(Backend, Arc<MemoryBackend>)> {
+    let clock = Arc::new(SystemClock);
+    let memory = Arc::new(MemoryBackend::new(
+        clock.clone(),
+        settings.memory_max_counters,
+    ));
+    memory.spawn_sweeper(Duration::from_secs(10));
+    let backend = backend(settings, &clock, &memory).await?;
+    Ok((backend, memory))
+}
+
+/// The rate limiter over `rules` and `backend`, tracing its decisions when the `OTEL_*`
+/// variables ask for it.
+fn rate_limiter(
+    settings: &Settings,
+    rules: RuleSet,
+    backend: Backend,
+    memory: Arc<MemoryBackend>,
+) -> anyhow::Result<Arc<RateLimiter>> {
+    let telemetry = Telemetry::from_env()?;
+    if telemetry.is_some() {
+        tracing::info!("tracing decisions, exported over OTLP as the OTEL_* variables say");
+    }
+    let options = ServiceOptions::from_settings(settings);
+    let limiter = RateLimiter::new(rules, backend, memory, options).with_telemetry(telemetry);
+    Ok(Arc::new(limiter))
+}
+
+/// Subscribes `limiter` to the rules of the xDS server and, unless
+/// `xds.start_without_initial_config`, waits for the first of them; `false` when SIGINT or
+/// SIGTERM came first.
+async fn subscribe_xds(
+    settings: &Settings,
+    limiter: &Arc<RateLimiter>,
+    signals: &mut ShutdownSignals,
+) -> anyhow::Result<bool> {
+    let subscription = Subscription::new(
+        settings.xds.clone(),
+        settings.rules_max_bytes,
+        limiter.clone(),
+    )
+    .map_err(|error| anyhow::anyhow!("xds.overlays_file: {error}"))?;
+    let (_, first) = subscription.spawn();
+    if settings.xds.start_without_initial_config {
+        return Ok(true);
+    }
+    tracing::info!(
+        server = %settings.xds.server_url,
+        "waiting for the first rules from the xDS server before serving"
+    );
+    tokio::select! {
+        _ = first.arrived() => Ok(true),
+        () = signals.received() => Ok(false),
+    }
+}
+
+/// Where the settings ask the server to listen, with the TLS files they name read.
+fn endpoints(settings: &Settings) -> anyhow::Result<Endpoints> {
     let grpc = GrpcEndpoint {
         addr: settings.grpc_addr,
         unix_socket: settings.grpc_unix_socket.clone(),
         tls: ServerTls::load("grpc_tls", &settings.grpc_tls, Protocols::Grpc)?,
     };
-    let admin = admin_endpoint(&settings)?;
-    let endpoints = Endpoints {
+    Ok(Endpoints {
         grpc,
         http: settings.http_addr,
         metrics: settings.metrics_addr,
-        admin,
-    };
-    let traced = limiter.clone();
-    // Sends upstream's stats to `statsd.addr`, if set, until the process exits.
-    let _statsd = {
-        let limiter = limiter.clone();
-        floodgate::metrics::statsd::spawn(&settings.statsd, move || {
-            let local_cache = limiter.backend().over_limit_counts();
-            limiter.metrics().statsd_report(local_cache)
-        })
-    };
-    let readiness = if settings.readiness_follows_backend {
+        admin: admin_endpoint(settings)?,
+    })
+}
+
+/// Sends upstream's stats to `statsd.addr`, if set, until the process exits.
+fn spawn_statsd(
+    settings: &Settings,
+    limiter: &Arc<RateLimiter>,
+) -> Option<tokio::task::JoinHandle<()>> {
+    let limiter = limiter.clone();
+    floodgate::metrics::statsd::spawn(&settings.statsd, move || {
+        let local_cache = limiter.backend().over_limit_counts();
+        limiter.metrics().statsd_report(local_cache)
+    })
+}
+
+/// What readiness follows: the backend's breaker too with `readiness_follows_backend`.
+fn readiness(settings: &Settings) -> Readiness {
+    if settings.readiness_follows_backend {
         Readiness::FollowsBackend
     } else {
         Readiness::Serving
-    };
-    let mut running =
-        server::start(limiter, endpoints, settings.connection_limits, readiness).await?;
+    }
+}
+
+/// Reloads rules read from files when the directory changes and on SIGHUP.
+fn reload_rules(settings: &Settings, reloader: Option<Reloader>, hangups: Hangups) {
     let reload_interval = (settings.rules_reload_interval_ms > 0)
         .then(|| Duration::from_millis(settings.rules_reload_interval_ms));
     match reloader {
@@ -416,12 +475,16 @@ async fn serve(settings: Settings) -> anyhow::Result<()> {
         // Rules over xDS change when the server says; SIGHUP has nothing to reload.
         None => drop(hangups),
     }
+}
+
+/// Logs that the server serves `rules`, and tells the console where and how to try it.
+fn announce(settings: &Settings, running: &RunningServer, rules: &RuleSet) {
     tracing::info!(
         grpc = %running.grpc_addr,
         http = %running.http_addr,
         backend = settings.backend.name(),
-        rules = rule_count,
-        rules_source = %rules_origin,
+        rules = rules.rules().count(),
+        rules_source = %rules.origin,
         "floodgate serving"
     );
     let metrics = (running.metrics_addr).map_or(String::new(), |addr| format!(" metrics={addr}"));
@@ -438,7 +501,16 @@ async fn serve(settings: Settings) -> anyhow::Result<()> {
         (running.grpc_addr).client_address(settings.grpc_tls.cert_file.is_some()),
         running.http_addr
     );
+}
 
+/// Serves until a listener fails or SIGINT or SIGTERM comes, then shuts down within
+/// `shutdown_grace` and exports the spans still queued.
+async fn run(
+    mut running: RunningServer,
+    mut signals: ShutdownSignals,
+    settings: &Settings,
+    limiter: &RateLimiter,
+) -> anyhow::Result<()> {
     tokio::select! {
         result = running.wait() => return result,
         () = signals.received() => {}
@@ -447,7 +519,7 @@ async fn serve(settings: Settings) -> anyhow::Result<()> {
     let stopped = running
         .shutdown(Duration::from_secs(settings.shutdown_grace))
         .await;
-    if let Some(telemetry) = traced.telemetry() {
+    if let Some(telemetry) = limiter.telemetry() {
         telemetry.shutdown(TRACE_FLUSH_TIMEOUT).await;
     }
     stopped
@@ -456,7 +528,6 @@ async fn serve(settings: Settings) -> anyhow::Result<()> {
 /// How long the spans still queued at shutdown may take to export.
 const TRACE_FLUSH_TIMEOUT: Duration = Duration::from_secs(5);
 
-/// The Redis TLS files the settings name, read; `None` when they name none.
 /// The admin API the settings ask for, never open: a token, mutual TLS, or both required.
 fn admin_endpoint(settings: &Settings) -> anyhow::Result<Option<AdminEndpoint>> {
     let Some(addr) = settings.admin_addr else {
@@ -560,6 +631,7 @@ async fn redis_store(
     Ok(store)
 }
 
+/// The Redis TLS files the settings name, read; `None` when they name none.
 fn redis_tls(settings: &Settings) -> anyhow::Result<Option<RedisTls>> {
     let read = |path: &Option<PathBuf>| -> anyhow::Result<Option<Vec<u8>>> {
         let read = |path| floodgate::files::read(path, floodgate::files::PEM_MAX_BYTES);
@@ -609,5 +681,45 @@ impl ShutdownSignals {
         }
         #[cfg(not(unix))]
         let _ = tokio::signal::ctrl_c().await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rules_over_xds_start_empty_awaiting_the_server() {
+        let mut settings = Settings {
+            rules_source: RulesSource::Xds,
+            ..Settings::default()
+        };
+        settings.xds.server_url = "http://xds.example:18000".into();
+        let (rules, files) = initial_rules(&settings).expect("no files to read");
+        assert_eq!(rules.rules().count(), 0);
+        assert_eq!(
+            rules.origin,
+            Origin::AwaitingXds {
+                server: "http://xds.example:18000".into()
+            }
+        );
+        assert!(files.is_none(), "nothing to reload");
+    }
+
+    #[test]
+    fn an_admin_api_without_a_token_or_a_client_ca_is_refused() {
+        let settings = Settings {
+            admin_addr: Some("127.0.0.1:0".parse().expect("an address")),
+            ..Settings::default()
+        };
+        let Err(error) = endpoints(&settings) else {
+            panic!("an open admin API was accepted");
+        };
+        assert!(
+            error
+                .to_string()
+                .starts_with("admin_addr needs admin_token"),
+            "{error}"
+        );
     }
 }

@@ -121,55 +121,101 @@ pub async fn start(
     limits: ConnectionLimits,
     readiness: Readiness,
 ) -> anyhow::Result<RunningServer> {
-    let Endpoints {
-        grpc,
-        http: http_addr,
-        metrics,
-        admin,
-    } = endpoints;
-    let (grpc_listener, grpc_addr) = match &grpc.unix_socket {
-        Some(path) => {
-            let listener = Listener::bind_unix(path)
-                .await
-                .with_context(|| format!("binding the gRPC socket {}", path.display()))?;
-            (listener, BoundAddr::Unix(path.clone()))
-        }
-        None => {
-            let listener = TcpListener::bind(grpc.addr)
-                .await
-                .with_context(|| format!("binding the gRPC address {}", grpc.addr))?;
-            let addr = listener.local_addr()?;
-            (Listener::Tcp(listener), BoundAddr::Tcp(addr))
-        }
+    let listeners = Listeners::bind(endpoints).await?;
+    let (health, routes) = grpc_services(&limiter).await?;
+    let (stop, stopped) = watch::channel(false);
+    let ready = Arc::new(AtomicBool::new(true));
+    let watcher = tokio::spawn(watch_backend(limiter.clone(), health.clone(), readiness));
+    let state = HttpState {
+        limiter,
+        ready: ready.clone(),
+        readiness,
     };
-    let http_listener = TcpListener::bind(http_addr)
-        .await
-        .with_context(|| format!("binding the HTTP address {http_addr}"))?;
-    let http_addr = http_listener.local_addr()?;
-    let metrics_listener = match metrics {
-        Some(addr) => Some(
-            TcpListener::bind(addr)
-                .await
-                .with_context(|| format!("binding the metrics address {addr}"))?,
-        ),
-        None => None,
-    };
-    let metrics_addr = (metrics_listener.as_ref())
-        .map(TcpListener::local_addr)
-        .transpose()?;
-    let admin = match admin {
-        Some(endpoint) => {
-            let listener = TcpListener::bind(endpoint.addr)
-                .await
-                .with_context(|| format!("binding the admin address {}", endpoint.addr))?;
-            Some((listener, endpoint))
-        }
-        None => None,
-    };
-    let admin_addr = (admin.as_ref())
-        .map(|(listener, _)| listener.local_addr())
-        .transpose()?;
+    let ports = Ports::new(limits, stopped);
+    Ok(RunningServer {
+        grpc_addr: listeners.grpc_addr.clone(),
+        http_addr: listeners.http.addr,
+        metrics_addr: (listeners.metrics.as_ref()).map(|metrics| metrics.addr),
+        admin_addr: (listeners.admin.as_ref()).map(|(admin, _)| admin.addr),
+        tasks: tokio::spawn(ports.serve(listeners, routes, state)),
+        stop,
+        ready,
+        health,
+        watcher,
+    })
+}
 
+/// The listeners of [`Endpoints`], bound.
+struct Listeners {
+    grpc: Listener,
+    grpc_addr: BoundAddr,
+    grpc_tls: Option<Arc<ServerTls>>,
+    http: Bound,
+    metrics: Option<Bound>,
+    admin: Option<(Bound, AdminEndpoint)>,
+}
+
+/// A TCP listener and the address it is bound to (port 0 resolved).
+struct Bound {
+    listener: TcpListener,
+    addr: SocketAddr,
+}
+
+impl Listeners {
+    /// Binds gRPC, HTTP, metrics and admin, in that order; an error names the address.
+    async fn bind(endpoints: Endpoints) -> anyhow::Result<Self> {
+        let Endpoints {
+            grpc,
+            http,
+            metrics,
+            admin,
+        } = endpoints;
+        let (grpc_listener, grpc_addr) = match &grpc.unix_socket {
+            Some(path) => {
+                let listener = Listener::bind_unix(path)
+                    .await
+                    .with_context(|| format!("binding the gRPC socket {}", path.display()))?;
+                (listener, BoundAddr::Unix(path.clone()))
+            }
+            None => {
+                let Bound { listener, addr } = bind_tcp("gRPC", grpc.addr).await?;
+                (Listener::Tcp(listener), BoundAddr::Tcp(addr))
+            }
+        };
+        let http = bind_tcp("HTTP", http).await?;
+        let metrics = match metrics {
+            Some(addr) => Some(bind_tcp("metrics", addr).await?),
+            None => None,
+        };
+        let admin = match admin {
+            Some(endpoint) => Some((bind_tcp("admin", endpoint.addr).await?, endpoint)),
+            None => None,
+        };
+        Ok(Listeners {
+            grpc: grpc_listener,
+            grpc_addr,
+            grpc_tls: grpc.tls,
+            http,
+            metrics,
+            admin,
+        })
+    }
+}
+
+/// Binds `addr`, the `port`'s address, and resolves it.
+async fn bind_tcp(port: &str, addr: SocketAddr) -> anyhow::Result<Bound> {
+    let listener = TcpListener::bind(addr)
+        .await
+        .with_context(|| format!("binding the {port} address {addr}"))?;
+    let addr = listener.local_addr()?;
+    Ok(Bound { listener, addr })
+}
+
+/// The gRPC port's services: health (SERVING from the start), reflection, and rate limits
+/// from `limiter`; with the reporter that turns health on and off.
+async fn grpc_services(
+    limiter: &Arc<RateLimiter>,
+) -> anyhow::Result<(tonic_health::server::HealthReporter, tonic::service::Routes)> {
     let (health, health_service) = tonic_health::server::health_reporter();
     health
         .set_serving::<RateLimitServiceServer<GrpcService>>()
@@ -183,102 +229,117 @@ pub async fn start(
     let reflection_v1 = (reflection().build_v1()).context("building the reflection service")?;
     let reflection_v1alpha =
         (reflection().build_v1alpha()).context("building the v1alpha reflection service")?;
-
-    let (stop, stopped) = watch::channel(false);
-    let ready = Arc::new(AtomicBool::new(true));
-    let watcher = tokio::spawn(watch_backend(limiter.clone(), health.clone(), readiness));
-    let timeouts = Timeouts {
-        handshake: millis(limits.handshake_timeout_ms),
-        idle: millis(limits.idle_timeout_ms),
-    };
-    let keepalive = millis(limits.keepalive_interval_ms);
-    // Every port's connections still in their handshake: at the descriptor limit, any port
-    // makes room from all of them.
-    let handshaking = Handshaking::default();
-    let incoming = incoming(
-        Acceptor::new("grpc", grpc_listener, timeouts, handshaking.clone()),
-        grpc.tls,
-        timeouts.handshake,
-    );
     let routes = tonic::service::Routes::new(health_service)
         .add_service(reflection_v1)
         .add_service(reflection_v1alpha)
         .add_service(RateLimitServiceServer::new(GrpcService(limiter.clone())))
         .prepare();
-    let service = StampArrival(CallDeadline {
-        inner: routes,
-        request_timeout: millis(limits.request_timeout_ms),
-    });
-    let http2 = Http2Limits {
+    Ok((health, routes))
+}
+
+/// What every port's connections share: their limits, the signal to stop, and the
+/// connections still in their handshake (at the descriptor limit, any port makes room from
+/// all of them).
+struct Ports {
+    limits: ConnectionLimits,
+    timeouts: Timeouts,
+    handshaking: Handshaking,
+    stopped: watch::Receiver<bool>,
+}
+
+impl Ports {
+    /// Ports held to `limits` that stop when `stopped` says so.
+    fn new(limits: ConnectionLimits, stopped: watch::Receiver<bool>) -> Self {
+        let timeouts = Timeouts {
+            handshake: millis(limits.handshake_timeout_ms),
+            idle: millis(limits.idle_timeout_ms),
+        };
+        Ports {
+            limits,
+            timeouts,
+            handshaking: Handshaking::default(),
+            stopped,
+        }
+    }
+
+    /// Serves gRPC `routes` and the HTTP, metrics and admin routers over `state` on their
+    /// `listeners`; the future ends once every port has stopped.
+    fn serve(
+        self,
+        listeners: Listeners,
+        routes: tonic::service::Routes,
+        state: HttpState,
+    ) -> impl Future<Output = anyhow::Result<()>> + Send + 'static {
+        let limits = self.limits;
+        let service = StampArrival(CallDeadline {
+            inner: routes,
+            request_timeout: millis(limits.request_timeout_ms),
+        });
+        let grpc = grpc_conn::serve(
+            self.incoming("grpc", listeners.grpc, listeners.grpc_tls),
+            service,
+            http2_limits(&limits),
+            wait_for_stop(self.stopped.clone()),
+        );
+        let metrics = listeners.metrics.map(|metrics| {
+            serve_http(
+                self.incoming("metrics", metrics.listener, None),
+                http::metrics_router(state.clone()),
+                limits,
+                wait_for_stop(self.stopped.clone()),
+            )
+        });
+        let admin = listeners.admin.map(|(admin, endpoint)| {
+            serve_http(
+                self.incoming("admin", admin.listener, endpoint.tls),
+                crate::admin::router(state.limiter.clone(), endpoint.token),
+                limits,
+                wait_for_stop(self.stopped.clone()),
+            )
+        });
+        let http = serve_http(
+            self.incoming("http", listeners.http.listener, None),
+            http::router(state),
+            limits,
+            wait_for_stop(self.stopped),
+        );
+        async move {
+            let metrics = async {
+                if let Some(metrics) = metrics {
+                    metrics.await;
+                }
+            };
+            let admin = async {
+                if let Some(admin) = admin {
+                    admin.await;
+                }
+            };
+            tokio::join!(grpc, http, metrics, admin);
+            Ok(())
+        }
+    }
+
+    /// The connections the `port`'s `listener` accepts, over TLS where `tls` is set.
+    fn incoming(
+        &self,
+        port: &'static str,
+        listener: impl Into<Listener>,
+        tls: Option<Arc<ServerTls>>,
+    ) -> Connections {
+        let acceptor = Acceptor::new(port, listener, self.timeouts, self.handshaking.clone());
+        incoming(acceptor, tls, self.timeouts.handshake)
+    }
+}
+
+/// The gRPC port's HTTP/2 limits: a connection age of 0 (or its grace) means none.
+fn http2_limits(limits: &ConnectionLimits) -> Http2Limits {
+    Http2Limits {
         max_concurrent_streams: limits.max_concurrent_streams,
-        keepalive,
+        keepalive: millis(limits.keepalive_interval_ms),
         max_age: (limits.max_connection_age_ms > 0).then(|| millis(limits.max_connection_age_ms)),
         max_age_grace: (limits.max_connection_age_grace_ms > 0)
             .then(|| millis(limits.max_connection_age_grace_ms)),
-    };
-    let grpc = grpc_conn::serve(incoming, service, http2, wait_for_stop(stopped.clone()));
-    let state = HttpState {
-        limiter,
-        ready: ready.clone(),
-        readiness,
-    };
-    let metrics = metrics_listener.map(|listener| {
-        serve_http(
-            Box::pin(Acceptor::new(
-                "metrics",
-                listener,
-                timeouts,
-                handshaking.clone(),
-            )),
-            http::metrics_router(state.clone()),
-            limits,
-            wait_for_stop(stopped.clone()),
-        )
-    });
-    let admin = admin.map(|(listener, endpoint)| {
-        serve_http(
-            self::incoming(
-                Acceptor::new("admin", listener, timeouts, handshaking.clone()),
-                endpoint.tls,
-                timeouts.handshake,
-            ),
-            crate::admin::router(state.limiter.clone(), endpoint.token),
-            limits,
-            wait_for_stop(stopped.clone()),
-        )
-    });
-    let http = serve_http(
-        Box::pin(Acceptor::new("http", http_listener, timeouts, handshaking)),
-        http::router(state),
-        limits,
-        wait_for_stop(stopped),
-    );
-
-    let tasks = tokio::spawn(async move {
-        let metrics = async {
-            if let Some(metrics) = metrics {
-                metrics.await;
-            }
-        };
-        let admin = async {
-            if let Some(admin) = admin {
-                admin.await;
-            }
-        };
-        tokio::join!(grpc, http, metrics, admin);
-        Ok(())
-    });
-    Ok(RunningServer {
-        grpc_addr,
-        http_addr,
-        metrics_addr,
-        admin_addr,
-        stop,
-        ready,
-        health,
-        tasks,
-        watcher,
-    })
+    }
 }
 
 /// The connections `acceptor` accepts, after a TLS handshake within `handshake` where `tls`
@@ -452,5 +513,24 @@ mod tests {
         let unix = BoundAddr::Unix("/run/floodgate/grpc.sock".into());
         assert_eq!(unix.client_address(false), "unix:/run/floodgate/grpc.sock");
         assert_eq!(unix.client_address(true), "unix:/run/floodgate/grpc.sock");
+    }
+
+    #[test]
+    fn a_connection_age_of_zero_retires_no_connection() {
+        let limits = ConnectionLimits {
+            max_connection_age_ms: 0,
+            max_connection_age_grace_ms: 0,
+            ..ConnectionLimits::default()
+        };
+        let http2 = http2_limits(&limits);
+        assert_eq!((http2.max_age, http2.max_age_grace), (None, None));
+        let limits = ConnectionLimits {
+            max_connection_age_ms: 30_000,
+            max_connection_age_grace_ms: 5_000,
+            ..limits
+        };
+        let http2 = http2_limits(&limits);
+        assert_eq!(http2.max_age, Some(Duration::from_secs(30)));
+        assert_eq!(http2.max_age_grace, Some(Duration::from_secs(5)));
     }
 }
