@@ -277,7 +277,7 @@ impl Metrics {
         totals
     }
 
-    /// What goes to statsd at one flush: the counts ([`Metrics::statsd_totals`]); the
+    /// What goes to statsd at one flush: the counts (`statsd_totals`); the
     /// over-limit cache's counts as upstream's `ratelimit.localcache.*` gauges, when there
     /// is an enabled cache; and the ShouldRateLimit response times since the last flush, in
     /// µs, as upstream's client sends its `response_time` timer (µs under `|ms`).

@@ -7,12 +7,12 @@
 //! - each count that changed since the last flush, as a statsd counter of its change
 //!   (`name:change|c`);
 //! - each gauge as it is (`name:value|g`), every flush, as upstream's client does;
-//! - each timer's values since the last flush (`name:value|ms`); past
-//!   [`samples::KEPT`](super::samples::KEPT) of them, a uniform sample with statsd's sample
+//! - each timer's values since the last flush (`name:value|ms`); past `samples::KEPT`
+//!   (1,000) of them, a uniform sample with statsd's sample
 //!   rate (`|@0.25`), which the server scales back up, where upstream sends every value.
 //!
 //! Over TCP (upstream's default) one connection is kept and opened again after a failure;
-//! over UDP the lines go in datagrams of at most [`DATAGRAM`] bytes. A flush that fails
+//! over UDP the lines go in datagrams of at most `DATAGRAM` bytes. A flush that fails
 //! loses no count (its changes go with the next one); its gauges and timer values are not
 //! sent again.
 
