@@ -576,7 +576,7 @@ async fn backend(
     };
     let backend = match settings.backend {
         BackendKind::Memory => Backend::memory(memory.clone()),
-        kind => remote(redis_store(kind, options.clone(), clock).await?),
+        kind => remote(redis_store("redis", kind, options.clone(), clock).await?),
     };
     let per_second = &settings.redis_per_second;
     let Some(kind) = per_second.backend else {
@@ -594,14 +594,16 @@ async fn backend(
         sentinel_master: per_second.sentinel_master.clone(),
         ..options
     };
-    let store = redis_store(kind, options, clock)
+    let store = redis_store("redis_per_second", kind, options, clock)
         .await
         .context("redis_per_second")?;
     Ok(backend.with_per_second(remote(store)))
 }
 
-/// A Redis store of `kind`, its scripts loaded when it answers.
+/// A Redis store of `kind`, its scripts loaded when it answers; `role` names it in the log
+/// (`redis`, or `redis_per_second`).
 async fn redis_store(
+    role: &'static str,
     kind: BackendKind,
     mut options: RedisOptions,
     clock: &Arc<SystemClock>,
@@ -626,7 +628,7 @@ async fn redis_store(
         Store::Memory(_) => Ok(()),
     };
     if let Err(error) = loaded {
-        tracing::warn!(%error, "could not connect to redis and load the scripts yet");
+        tracing::warn!(store = role, %error, "could not connect to redis and load the scripts yet");
     }
     Ok(store)
 }
