@@ -7,6 +7,8 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 const SERVICE_PROTO: &str = "proto/envoy/service/ratelimit/v3/rls.proto";
+/// Envoy's Rate Limit Quota Service, served beside it (and so in the reflection's set).
+const QUOTA_PROTO: &str = "proto/envoy/service/rate_limit_quota/v3/rlqs.proto";
 /// Rules over xDS: the Aggregated Discovery Service (floodgate is its client; the tests run
 /// a server) and envoyproxy/ratelimit's RateLimitConfig resource.
 const XDS_PROTOS: [&str; 3] = [
@@ -35,7 +37,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .codec_path("crate::service::codec::Codec")
         .compile_with_config(
             prost_config,
-            &[PathBuf::from(SERVICE_PROTO)],
+            &[PathBuf::from(SERVICE_PROTO), PathBuf::from(QUOTA_PROTO)],
             &[PathBuf::from("proto"), well_known.clone()],
         )?;
 

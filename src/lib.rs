@@ -35,6 +35,7 @@ pub mod listener;
 pub mod metrics;
 pub mod proto;
 pub mod query;
+pub mod quota;
 pub mod reload;
 pub mod rules;
 pub mod server;

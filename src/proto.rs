@@ -49,6 +49,15 @@ pub mod envoy {
                 ));
             }
         }
+        pub mod rate_limit_quota {
+            pub mod v3 {
+                tonic::include_proto!("envoy.service.rate_limit_quota.v3");
+                include!(concat!(
+                    env!("OUT_DIR"),
+                    "/envoy.service.rate_limit_quota.v3.serde.rs"
+                ));
+            }
+        }
     }
 }
 

@@ -35,6 +35,7 @@ use crate::http::{self, HttpState};
 use crate::listener::{Acceptor, Connections, Handshaking, Timeouts, next_until};
 use crate::proto::FILE_DESCRIPTOR_SET;
 use crate::proto::envoy::service::ratelimit::v3::rate_limit_service_server::RateLimitServiceServer;
+use crate::quota::{QuotaService, RateLimitQuotaServiceServer};
 use crate::service::RateLimiter;
 use crate::service::grpc::{CallDeadline, GrpcService, StampArrival};
 use crate::settings::ConnectionLimits;
@@ -122,8 +123,8 @@ pub async fn start(
     readiness: Readiness,
 ) -> anyhow::Result<RunningServer> {
     let listeners = Listeners::bind(endpoints).await?;
-    let (health, routes) = grpc_services(&limiter).await?;
     let (stop, stopped) = watch::channel(false);
+    let (health, routes) = grpc_services(&limiter, stopped.clone()).await?;
     let ready = Arc::new(AtomicBool::new(true));
     let watcher = tokio::spawn(watch_backend(limiter.clone(), health.clone(), readiness));
     let state = HttpState {
@@ -212,13 +213,18 @@ async fn bind_tcp(port: &str, addr: SocketAddr) -> anyhow::Result<Bound> {
 }
 
 /// The gRPC port's services: health (SERVING from the start), reflection, and rate limits
-/// from `limiter`; with the reporter that turns health on and off.
+/// from `limiter`, per request and as quota streams (which end when `stopped` says so);
+/// with the reporter that turns health on and off.
 async fn grpc_services(
     limiter: &Arc<RateLimiter>,
+    stopped: watch::Receiver<bool>,
 ) -> anyhow::Result<(tonic_health::server::HealthReporter, tonic::service::Routes)> {
     let (health, health_service) = tonic_health::server::health_reporter();
     health
         .set_serving::<RateLimitServiceServer<GrpcService>>()
+        .await;
+    health
+        .set_serving::<RateLimitQuotaServiceServer<QuotaService>>()
         .await;
     // Both versions, as grpc-go registers them: grpcio-reflection's client and several GUI
     // clients speak only v1alpha.
@@ -233,6 +239,10 @@ async fn grpc_services(
         .add_service(reflection_v1)
         .add_service(reflection_v1alpha)
         .add_service(RateLimitServiceServer::new(GrpcService(limiter.clone())))
+        .add_service(RateLimitQuotaServiceServer::new(QuotaService::new(
+            limiter.clone(),
+            stopped,
+        )))
         .prepare();
     Ok((health, routes))
 }
@@ -454,18 +464,18 @@ async fn watch_backend(
     }
 }
 
-/// Sets the overall status and the rate-limit service's.
+/// Sets the overall status and the rate-limit services'.
 async fn set_health(
     health: &tonic_health::server::HealthReporter,
     status: tonic_health::ServingStatus,
 ) {
     health.set_service_status("", status).await;
-    health
-        .set_service_status(
-            <RateLimitServiceServer<GrpcService> as tonic::server::NamedService>::NAME,
-            status,
-        )
-        .await;
+    for service in [
+        <RateLimitServiceServer<GrpcService> as tonic::server::NamedService>::NAME,
+        <RateLimitQuotaServiceServer<QuotaService> as tonic::server::NamedService>::NAME,
+    ] {
+        health.set_service_status(service, status).await;
+    }
 }
 
 impl RunningServer {

@@ -11,6 +11,7 @@ pub mod grpc;
 mod headers;
 mod metadata;
 mod outcome;
+pub mod quota;
 pub mod request;
 mod response;
 mod stats;

@@ -1,0 +1,197 @@
+//! What a data plane is told for one bucket, from what is left of the bucket's limit: the
+//! whole decision of the Rate Limit Quota Service, without the protocol.
+//!
+//! An instance is given a token bucket that admits its share of the quota left, spread over
+//! what is left of the window: `remaining × share / max(time left, interval)` requests a
+//! second, with one interval's worth as its burst. Its share is its reported demand against
+//! the demand of every stream reporting the bucket. Every request an instance admits is
+//! charged to the limit's counter at its next report, so an exhausted limit is seen within
+//! one interval, and every instance is told `DENY_ALL` until the window resets at its next
+//! report: the overshoot is what the instances admit in one interval (and a round trip)
+//! after the quota ran out, at rates set when little of it was left.
+
+use std::time::Duration;
+
+use crate::service::quota::BucketQuota;
+
+/// The reporting interval assumed for a bucket's first report, which has no elapsed time.
+pub const FIRST_INTERVAL: Duration = Duration::from_secs(1);
+
+/// How long an assignment holds, in reporting intervals: long enough that a report or two
+/// lost on the way changes nothing, short enough that a data plane whose server went away
+/// falls back to its `expired_assignment_behavior` soon.
+const TTL_INTERVALS: u32 = 2;
+
+/// The shortest fill interval given: a faster rate is given as more tokens per fill.
+const SHORTEST_FILL: Duration = Duration::from_millis(10);
+
+/// A bucket's demand: its requests per second on this stream, and on every stream that
+/// reports it (this one included).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Demand {
+    pub this: f64,
+    pub total: f64,
+}
+
+impl Demand {
+    /// This stream's share of the bucket: all of it when nobody asked for anything.
+    fn share(self) -> f64 {
+        if self.total <= 0.0 || self.this >= self.total {
+            1.0
+        } else {
+            (self.this / self.total).max(0.0)
+        }
+    }
+}
+
+/// The action for one bucket.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Assignment {
+    /// Every request passes (no rule limits the bucket), until `ttl`.
+    AllowAll { ttl: Duration },
+    /// Every request is refused until the window resets, `ttl` from now.
+    DenyAll { ttl: Duration },
+    /// A token bucket: `tokens_per_fill` every `fill_interval`, at most `max_tokens` held.
+    TokenBucket {
+        max_tokens: u32,
+        tokens_per_fill: u32,
+        fill_interval: Duration,
+        ttl: Duration,
+    },
+}
+
+/// What to tell the instance that reported `quota` every `interval` with `demand`; `None`
+/// when the backend could not count (the instance keeps its assignment until it expires,
+/// then applies its own `expired_assignment_behavior`).
+pub fn assign(quota: &BucketQuota, interval: Duration, demand: Demand) -> Option<Assignment> {
+    let ttl = interval * TTL_INTERVALS;
+    match quota {
+        BucketQuota::NoRule | BucketQuota::Unlimited => Some(Assignment::AllowAll { ttl }),
+        BucketQuota::Failed(_) => None,
+        BucketQuota::Counted {
+            remaining: 0,
+            reset_micros,
+            ..
+        } => Some(Assignment::DenyAll {
+            ttl: Duration::from_micros((*reset_micros).max(1_000)),
+        }),
+        BucketQuota::Counted {
+            remaining,
+            reset_micros,
+            ..
+        } => {
+            let left = Duration::from_micros(*reset_micros).max(interval);
+            let rate = *remaining as f64 * demand.share() / left.as_secs_f64();
+            Some(token_bucket(rate, interval, ttl))
+        }
+    }
+}
+
+/// A token bucket that admits `rate` requests a second, holding one `interval`'s worth.
+fn token_bucket(rate: f64, interval: Duration, ttl: Duration) -> Assignment {
+    let per_interval = (rate * interval.as_secs_f64()).ceil().max(1.0);
+    let max_tokens = per_interval.min(f64::from(u32::MAX)) as u32;
+    // One token every 1/rate seconds; past SHORTEST_FILL's rate, several per fill.
+    let one_token = Duration::from_secs_f64(1.0 / rate.max(f64::MIN_POSITIVE)).min(ttl);
+    let fill_interval = one_token.max(SHORTEST_FILL);
+    let tokens_per_fill = (rate * fill_interval.as_secs_f64()).round().max(1.0);
+    Assignment::TokenBucket {
+        max_tokens,
+        tokens_per_fill: tokens_per_fill.min(f64::from(max_tokens)) as u32,
+        fill_interval,
+        ttl,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::backend::BackendError;
+    use crate::limiter::{Limit, Unit};
+
+    fn counted(remaining: u64, reset_secs: u64) -> BucketQuota {
+        BucketQuota::Counted {
+            limit: Limit::per(100, Unit::Minute),
+            remaining,
+            reset_micros: reset_secs * 1_000_000,
+        }
+    }
+
+    const ALONE: Demand = Demand {
+        this: 10.0,
+        total: 10.0,
+    };
+
+    #[test]
+    fn the_quota_left_is_spread_over_the_window_left() {
+        // 60 left for 30 s: 2 a second, a token every 500 ms, one second's worth held.
+        let assignment = assign(&counted(60, 30), Duration::from_secs(1), ALONE);
+        assert_eq!(
+            assignment,
+            Some(Assignment::TokenBucket {
+                max_tokens: 2,
+                tokens_per_fill: 1,
+                fill_interval: Duration::from_millis(500),
+                ttl: Duration::from_secs(2),
+            })
+        );
+    }
+
+    #[test]
+    fn instances_share_by_demand() {
+        let busy = Demand {
+            this: 30.0,
+            total: 40.0,
+        };
+        let Some(Assignment::TokenBucket {
+            fill_interval: busy_fill,
+            ..
+        }) = assign(&counted(80, 10), Duration::from_secs(1), busy)
+        else {
+            panic!("a token bucket");
+        };
+        // 80 × 3/4 over 10 s: 6 a second.
+        assert_eq!(busy_fill, Duration::from_secs_f64(1.0 / 6.0));
+    }
+
+    #[test]
+    fn an_exhausted_limit_denies_until_it_resets() {
+        assert_eq!(
+            assign(&counted(0, 12), Duration::from_secs(1), ALONE),
+            Some(Assignment::DenyAll {
+                ttl: Duration::from_secs(12)
+            })
+        );
+    }
+
+    #[test]
+    fn a_fast_rate_fills_several_tokens_at_a_time() {
+        // 10,000 left for 1 s: 10,000 a second, 100 every 10 ms.
+        let Some(Assignment::TokenBucket {
+            tokens_per_fill,
+            fill_interval,
+            max_tokens,
+            ..
+        }) = assign(&counted(10_000, 1), Duration::from_secs(1), ALONE)
+        else {
+            panic!("a token bucket");
+        };
+        assert_eq!(
+            (tokens_per_fill, fill_interval, max_tokens),
+            (100, SHORTEST_FILL, 10_000)
+        );
+    }
+
+    #[test]
+    fn no_rule_allows_and_a_failed_backend_changes_nothing() {
+        let interval = Duration::from_secs(5);
+        assert_eq!(
+            assign(&BucketQuota::NoRule, interval, ALONE),
+            Some(Assignment::AllowAll {
+                ttl: Duration::from_secs(10)
+            })
+        );
+        let failed = BucketQuota::Failed(BackendError::Timeout(Duration::from_millis(15)));
+        assert_eq!(assign(&failed, interval, ALONE), None);
+    }
+}

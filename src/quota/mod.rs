@@ -1,0 +1,308 @@
+//! Envoy's Rate Limit Quota Service (`envoy.service.rate_limit_quota.v3`): a data plane
+//! reports each bucket's usage every few seconds over one stream, and enforces the
+//! assignment the server sends back, with no call per request.
+//!
+//! A stream's first message names the domain. Each reported bucket is matched to a rule of
+//! that domain (its entries, which have no order, put in the order of a path of the rule
+//! tree), its allowed requests are charged to the counters `ShouldRateLimit` uses, so both
+//! kinds of client share one limit, and what is left becomes the bucket's assignment
+//! (`assign.rs`). A bucket whose rule disappeared (a reload, an xDS update) is abandoned; a
+//! report the protocol forbids ends the stream with INVALID_ARGUMENT; shutdown ends every
+//! stream with UNAVAILABLE, so data planes reconnect to another replica.
+
+pub mod assign;
+
+use std::collections::HashMap;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use futures_util::Stream;
+use tokio::sync::{mpsc, watch};
+use tonic::{Request, Response, Status, Streaming};
+
+use crate::proto::envoy::r#type::v3::TokenBucket;
+use crate::proto::envoy::r#type::v3::rate_limit_strategy::{BlanketRule, Strategy};
+use crate::proto::envoy::r#type::v3::RateLimitStrategy;
+use crate::proto::envoy::service::rate_limit_quota::v3::rate_limit_quota_response::BucketAction;
+use crate::proto::envoy::service::rate_limit_quota::v3::rate_limit_quota_response::bucket_action::{
+    AbandonAction, BucketAction as Action, QuotaAssignmentAction,
+};
+use crate::proto::envoy::service::rate_limit_quota::v3::rate_limit_quota_service_server::RateLimitQuotaService;
+use crate::proto::envoy::service::rate_limit_quota::v3::rate_limit_quota_usage_reports::BucketQuotaUsage;
+use crate::proto::envoy::service::rate_limit_quota::v3::{
+    BucketId, RateLimitQuotaResponse, RateLimitQuotaUsageReports,
+};
+use crate::service::RateLimiter;
+use crate::service::quota::BucketQuota;
+use assign::{Assignment, Demand, FIRST_INTERVAL};
+
+pub use crate::proto::envoy::service::rate_limit_quota::v3::rate_limit_quota_service_server::RateLimitQuotaServiceServer;
+
+/// A bucket as the server keys it: its entries, sorted.
+type BucketKey = Vec<(String, String)>;
+
+/// The Rate Limit Quota Service over `limiter`'s rules and counters.
+#[derive(Clone)]
+pub struct QuotaService {
+    limiter: Arc<RateLimiter>,
+    demand: Arc<DemandBook>,
+    stopped: watch::Receiver<bool>,
+    streams: Arc<AtomicU64>,
+}
+
+impl QuotaService {
+    /// The service; its streams end when `stopped` turns true.
+    pub fn new(limiter: Arc<RateLimiter>, stopped: watch::Receiver<bool>) -> Self {
+        QuotaService {
+            limiter,
+            demand: Arc::default(),
+            stopped,
+            streams: Arc::default(),
+        }
+    }
+}
+
+type Answers = Pin<Box<dyn Stream<Item = Result<RateLimitQuotaResponse, Status>> + Send>>;
+
+#[tonic::async_trait]
+impl RateLimitQuotaService for QuotaService {
+    type StreamRateLimitQuotasStream = Answers;
+
+    async fn stream_rate_limit_quotas(
+        &self,
+        request: Request<Streaming<RateLimitQuotaUsageReports>>,
+    ) -> Result<Response<Answers>, Status> {
+        let (answers, receiver) = mpsc::channel(16);
+        let stream = QuotaStream {
+            id: self.streams.fetch_add(1, Ordering::Relaxed),
+            limiter: self.limiter.clone(),
+            demand: self.demand.clone(),
+            domain: None,
+            buckets: HashMap::new(),
+        };
+        tokio::spawn(stream.run(request.into_inner(), answers, self.stopped.clone()));
+        let answers = futures_util::stream::unfold(receiver, |mut receiver| async move {
+            receiver.recv().await.map(|answer| (answer, receiver))
+        });
+        Ok(Response::new(Box::pin(answers)))
+    }
+}
+
+/// Every stream's demand for every bucket on this replica, in requests a second, so that
+/// the streams of one bucket share it by demand.
+#[derive(Default)]
+struct DemandBook(Mutex<HashMap<(String, BucketKey), HashMap<u64, f64>>>);
+
+impl DemandBook {
+    /// Records `rate` for `stream` on `bucket` and answers the bucket's demand.
+    fn record(&self, bucket: &(String, BucketKey), stream: u64, rate: f64) -> Demand {
+        let mut book = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        let streams = book.entry(bucket.clone()).or_default();
+        streams.insert(stream, rate);
+        Demand {
+            this: rate,
+            total: streams.values().sum(),
+        }
+    }
+
+    /// Forgets `stream`'s demand for `buckets`.
+    fn forget<'a>(&self, stream: u64, buckets: impl Iterator<Item = &'a (String, BucketKey)>) {
+        let mut book = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        for bucket in buckets {
+            if let Some(streams) = book.get_mut(bucket) {
+                streams.remove(&stream);
+                if streams.is_empty() {
+                    book.remove(bucket);
+                }
+            }
+        }
+    }
+}
+
+/// One data plane's stream: its domain, and the descriptor each of its buckets matched.
+struct QuotaStream {
+    id: u64,
+    limiter: Arc<RateLimiter>,
+    demand: Arc<DemandBook>,
+    domain: Option<String>,
+    /// Each bucket reported, with its entries in rule order once a rule matched them.
+    buckets: HashMap<BucketKey, Option<Vec<(String, String)>>>,
+}
+
+impl QuotaStream {
+    /// Answers each report in turn until the data plane ends the stream, breaks a rule of
+    /// the protocol, or the server stops.
+    async fn run(
+        mut self,
+        mut reports: Streaming<RateLimitQuotaUsageReports>,
+        answers: mpsc::Sender<Result<RateLimitQuotaResponse, Status>>,
+        mut stopped: watch::Receiver<bool>,
+    ) {
+        loop {
+            let report = tokio::select! {
+                report = reports.message() => report,
+                () = stopping(&mut stopped) => {
+                    let leaving = Status::unavailable("floodgate is shutting down: report to another replica");
+                    let _ = answers.send(Err(leaving)).await;
+                    break;
+                }
+            };
+            let answer = match report {
+                Ok(Some(report)) => self.answer(report).await,
+                // The data plane ended the stream, or its connection broke.
+                Ok(None) | Err(_) => break,
+            };
+            let failed = answer.is_err();
+            let empty = matches!(&answer, Ok(response) if response.bucket_action.is_empty());
+            if !empty && answers.send(answer).await.is_err() || failed {
+                break;
+            }
+        }
+        let domain = self.domain.clone().unwrap_or_default();
+        let keys: Vec<(String, BucketKey)> = (self.buckets.keys())
+            .map(|key| (domain.clone(), key.clone()))
+            .collect();
+        self.demand.forget(self.id, keys.iter());
+    }
+
+    /// The actions for one report's buckets, in the report's order.
+    async fn answer(
+        &mut self,
+        report: RateLimitQuotaUsageReports,
+    ) -> Result<RateLimitQuotaResponse, Status> {
+        let domain = match (&self.domain, report.domain.as_str()) {
+            (None, "") => {
+                return Err(Status::invalid_argument(
+                    "the stream's first report names no domain",
+                ));
+            }
+            (None, domain) => self.domain.insert(domain.to_owned()).clone(),
+            (Some(known), "") => known.clone(),
+            (Some(known), domain) if known == domain => known.clone(),
+            (Some(known), domain) => {
+                return Err(Status::invalid_argument(format!(
+                    "the stream reports for domain {known:?}; {domain:?} needs a stream of its own"
+                )));
+            }
+        };
+        let mut actions = Vec::with_capacity(report.bucket_quota_usages.len());
+        for (index, usage) in report.bucket_quota_usages.into_iter().enumerate() {
+            let key = bucket_key(&usage).map_err(|why| {
+                Status::invalid_argument(format!("bucket_quota_usages[{index}]: {why}"))
+            })?;
+            if let Some(action) = self.bucket_action(&domain, key, usage).await {
+                actions.push(action);
+            }
+        }
+        Ok(RateLimitQuotaResponse {
+            bucket_action: actions,
+        })
+    }
+
+    /// Charges one bucket's usage and decides its action; `None` leaves the data plane's
+    /// assignment as it is (the backend could not count).
+    async fn bucket_action(
+        &mut self,
+        domain: &str,
+        key: BucketKey,
+        usage: BucketQuotaUsage,
+    ) -> Option<BucketAction> {
+        let bucket_id = usage.bucket_id.clone();
+        let matched_before = self.buckets.get(&key).is_some_and(Option::is_some);
+        let descriptor = self.limiter.bucket_descriptor(domain, &key);
+        if descriptor.is_none() && matched_before {
+            // Its rule is gone: the data plane forgets the bucket, and starts it anew
+            // (unassigned) with its next request into it.
+            self.buckets.remove(&key);
+            self.demand
+                .forget(self.id, [(domain.to_owned(), key)].iter());
+            return Some(BucketAction {
+                bucket_id,
+                bucket_action: Some(Action::AbandonAction(AbandonAction {})),
+            });
+        }
+        let quota = match &descriptor {
+            Some(entries) => {
+                (self.limiter)
+                    .charge_bucket(domain, entries, usage.num_requests_allowed)
+                    .await
+            }
+            None => BucketQuota::NoRule,
+        };
+        let elapsed = (usage.time_elapsed.as_ref())
+            .and_then(|elapsed| Duration::try_from(*elapsed).ok())
+            .filter(|elapsed| !elapsed.is_zero());
+        let interval = elapsed.unwrap_or(FIRST_INTERVAL);
+        let requests = usage.num_requests_allowed + usage.num_requests_denied;
+        let rate = requests as f64 / interval.as_secs_f64();
+        let demand = self
+            .demand
+            .record(&(domain.to_owned(), key.clone()), self.id, rate);
+        self.buckets.insert(key, descriptor);
+        let assignment = assign::assign(&quota, interval, demand)?;
+        Some(BucketAction {
+            bucket_id,
+            bucket_action: Some(Action::QuotaAssignmentAction(assignment_action(assignment))),
+        })
+    }
+}
+
+/// Resolves once `stopped` turns true (or its sender is gone).
+async fn stopping(stopped: &mut watch::Receiver<bool>) {
+    let _ = stopped.wait_for(|stop| *stop).await;
+}
+
+/// A usage's bucket as the server keys it; why it cannot be one.
+fn bucket_key(usage: &BucketQuotaUsage) -> Result<BucketKey, &'static str> {
+    let Some(BucketId { bucket }) = &usage.bucket_id else {
+        return Err("no bucket_id");
+    };
+    if bucket.is_empty() {
+        return Err("a bucket_id with no entries");
+    }
+    if bucket
+        .iter()
+        .any(|(key, value)| key.is_empty() || value.is_empty())
+    {
+        return Err("a bucket_id entry with an empty name or value");
+    }
+    let mut key: BucketKey = (bucket.iter())
+        .map(|(name, value)| (name.clone(), value.clone()))
+        .collect();
+    key.sort();
+    Ok(key)
+}
+
+fn assignment_action(assignment: Assignment) -> QuotaAssignmentAction {
+    let duration = |duration: Duration| pbjson_types::Duration {
+        seconds: i64::try_from(duration.as_secs()).unwrap_or(i64::MAX),
+        nanos: duration.subsec_nanos() as i32,
+    };
+    let (strategy, ttl) = match assignment {
+        Assignment::AllowAll { ttl } => (Strategy::BlanketRule(BlanketRule::AllowAll as i32), ttl),
+        Assignment::DenyAll { ttl } => (Strategy::BlanketRule(BlanketRule::DenyAll as i32), ttl),
+        Assignment::TokenBucket {
+            max_tokens,
+            tokens_per_fill,
+            fill_interval,
+            ttl,
+        } => (
+            Strategy::TokenBucket(TokenBucket {
+                max_tokens,
+                tokens_per_fill: Some(pbjson_types::UInt32Value {
+                    value: tokens_per_fill,
+                }),
+                fill_interval: Some(duration(fill_interval)),
+            }),
+            ttl,
+        ),
+    };
+    QuotaAssignmentAction {
+        assignment_time_to_live: Some(duration(ttl)),
+        rate_limit_strategy: Some(RateLimitStrategy {
+            strategy: Some(strategy),
+        }),
+    }
+}

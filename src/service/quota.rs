@@ -1,0 +1,162 @@
+//! The Rate Limit Quota Service's accounting (`crate::quota` speaks the protocol): a
+//! bucket's entries matched to a rule, the usage a data plane reports charged to the very
+//! counters `ShouldRateLimit` counts on, and what is left of the rule's limit.
+
+use std::borrow::Cow;
+
+use super::RateLimiter;
+use crate::backend::{BackendError, CounterHit, OnReject};
+use crate::limiter::{CounterKey, Hits, Limit};
+use crate::rules::{Domain, Match, Policy};
+
+/// Buckets with more entries than this are matched in their given and sorted orders only:
+/// trying every order of more would cost too much per report (8! = 40,320 lookups).
+const ORDERS_TRIED_UP_TO: usize = 6;
+
+/// What is left of a bucket's limit once its usage is charged.
+#[derive(Debug, Clone, PartialEq)]
+pub enum BucketQuota {
+    /// No rule of the domain matches the bucket (or the domain is unknown): like a
+    /// descriptor no rule matches, it is not limited.
+    NoRule,
+    /// `unlimited: true`.
+    Unlimited,
+    /// The rule's tightest limit after the charge: `remaining` hits until `reset_micros`.
+    Counted {
+        limit: Limit,
+        remaining: u64,
+        reset_micros: u64,
+    },
+    /// The backend could not count; nothing is known of the quota.
+    Failed(BackendError),
+}
+
+impl RateLimiter {
+    /// The order of `entries` (a bucket's, which has none of its own) that is a path of
+    /// `domain`'s rules, with the rule it leads to; `None` when no order is. The given order
+    /// is tried first, then the sorted one, then (up to [`ORDERS_TRIED_UP_TO`] entries)
+    /// every other.
+    pub fn bucket_descriptor(
+        &self,
+        domain: &str,
+        entries: &[(String, String)],
+    ) -> Option<Vec<(String, String)>> {
+        let rules = self.rules();
+        let domain = rules.domain(domain)?;
+        let mut sorted = entries.to_vec();
+        sorted.sort();
+        let mut orders = vec![entries.to_vec(), sorted];
+        if entries.len() <= ORDERS_TRIED_UP_TO {
+            orders.extend(permutations(entries));
+        }
+        orders
+            .into_iter()
+            .find(|order| matched_rule(domain, order).is_some())
+    }
+
+    /// Charges `allowed` requests (already let through by a data plane) to the counters of
+    /// the rule `entries` (in rule order, see [`RateLimiter::bucket_descriptor`]) matches in
+    /// `domain`, counted in full even past the limit, and answers what is left.
+    pub async fn charge_bucket(
+        &self,
+        domain: &str,
+        entries: &[(String, String)],
+        allowed: u64,
+    ) -> BucketQuota {
+        let rules = self.rules();
+        let Some(found) = rules.domain(domain).and_then(|d| matched_rule(d, entries)) else {
+            return BucketQuota::NoRule;
+        };
+        let Policy::Limited(limits) = &found.rule.policy else {
+            return BucketQuota::Unlimited;
+        };
+        let hits: Vec<CounterHit<'_>> = (limits.iter().enumerate())
+            .map(|(index, named)| CounterHit {
+                key: CounterKey::new(
+                    domain,
+                    found.rule.id.as_str(),
+                    index,
+                    &named.limit,
+                    found.entries.iter().copied(),
+                ),
+                // Usage already let through: counted whatever the count, as an overshoot.
+                limit: Cow::Owned(Limit {
+                    overshoot: true,
+                    ..named.limit.clone()
+                }),
+                hits: Hits::take(allowed),
+                binding: false,
+            })
+            .collect();
+        let answers = self.backend().hit_all(&hits, OnReject::Consume, None).await;
+        let mut tightest: Option<BucketQuota> = None;
+        for (hit, result) in hits.iter().zip(answers.results) {
+            let decision = match result {
+                Ok(decision) => decision,
+                Err(error) => return BucketQuota::Failed(error),
+            };
+            let remaining = if decision.allowed {
+                decision.remaining
+            } else {
+                0
+            };
+            let tighter = match &tightest {
+                Some(BucketQuota::Counted {
+                    remaining: least, ..
+                }) => remaining < *least,
+                _ => true,
+            };
+            if tighter {
+                tightest = Some(BucketQuota::Counted {
+                    limit: Limit {
+                        overshoot: false,
+                        ..hit.limit.clone().into_owned()
+                    },
+                    remaining,
+                    reset_micros: decision.reset_micros,
+                });
+            }
+        }
+        tightest.unwrap_or(BucketQuota::Unlimited)
+    }
+}
+
+/// The rule `entries`, in this order, lead to in `domain`, with the entries its counter is
+/// keyed by (a `share_threshold` wildcard's pattern in place of the value).
+fn matched_rule<'a>(domain: &'a Domain, entries: &'a [(String, String)]) -> Option<Match<'a>> {
+    domain.find(entries.iter().map(|(k, v)| (k.as_str(), v.as_str())))
+}
+
+/// Every order of `items` (Heap's algorithm, iteratively).
+fn permutations<T: Clone>(items: &[T]) -> Vec<Vec<T>> {
+    let mut items = items.to_vec();
+    let mut orders = vec![items.clone()];
+    let mut counters = vec![0; items.len()];
+    let mut i = 1;
+    while i < items.len() {
+        if counters[i] < i {
+            let swap = if i % 2 == 0 { 0 } else { counters[i] };
+            items.swap(swap, i);
+            orders.push(items.clone());
+            counters[i] += 1;
+            i = 1;
+        } else {
+            counters[i] = 0;
+            i += 1;
+        }
+    }
+    orders
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_order_is_tried_once() {
+        let orders = permutations(&[1, 2, 3]);
+        assert_eq!(orders.len(), 6);
+        let distinct: std::collections::BTreeSet<_> = orders.into_iter().collect();
+        assert_eq!(distinct.len(), 6);
+    }
+}

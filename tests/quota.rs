@@ -1,0 +1,298 @@
+//! The Rate Limit Quota Service (RLQS) at the protocol level, against the real binary: a
+//! gRPC client plays Envoy's `rate_limit_quota` filter, reporting buckets over one stream.
+//! Usage is charged to the counters ShouldRateLimit uses; assignments follow what is left.
+
+mod harness;
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use floodgate::proto::envoy::r#type::v3::RateLimitStrategy;
+use floodgate::proto::envoy::r#type::v3::rate_limit_strategy::{BlanketRule, Strategy};
+use floodgate::proto::envoy::service::rate_limit_quota::v3::rate_limit_quota_response::bucket_action::BucketAction as Action;
+use floodgate::proto::envoy::service::rate_limit_quota::v3::rate_limit_quota_service_client::RateLimitQuotaServiceClient;
+use floodgate::proto::envoy::service::rate_limit_quota::v3::rate_limit_quota_usage_reports::BucketQuotaUsage;
+use floodgate::proto::envoy::service::rate_limit_quota::v3::{
+    BucketId, RateLimitQuotaResponse, RateLimitQuotaUsageReports,
+};
+use harness::{Floodgate, OK, OVER_LIMIT, descriptor, request};
+use tokio::sync::mpsc;
+use tonic::Streaming;
+
+const RULES: &str = "
+domain: quota
+descriptors:
+  - key: user
+    rate_limit: {unit: hour, requests_per_unit: 10}
+  - key: tenant
+    descriptors:
+      - key: plan
+        value: free
+        rate_limit: {unit: hour, requests_per_unit: 5}
+";
+
+/// One stream: reports go in, answers come out.
+struct Stream {
+    reports: mpsc::Sender<RateLimitQuotaUsageReports>,
+    answers: Streaming<RateLimitQuotaResponse>,
+}
+
+impl Stream {
+    async fn open(server: &Floodgate) -> Stream {
+        let mut client =
+            RateLimitQuotaServiceClient::connect(format!("http://{}", server.grpc_addr))
+                .await
+                .expect("a connection");
+        let (reports, outgoing) = mpsc::channel(16);
+        let outgoing = futures_util::stream::unfold(outgoing, |mut outgoing| async move {
+            outgoing.recv().await.map(|report| (report, outgoing))
+        });
+        let answers = client
+            .stream_rate_limit_quotas(outgoing)
+            .await
+            .expect("the stream opens")
+            .into_inner();
+        Stream { reports, answers }
+    }
+
+    /// Sends one report and waits for its answer (or the stream's end, as an error).
+    async fn report(
+        &mut self,
+        domain: &str,
+        usages: Vec<BucketQuotaUsage>,
+    ) -> Result<RateLimitQuotaResponse, tonic::Status> {
+        let report = RateLimitQuotaUsageReports {
+            domain: domain.to_owned(),
+            bucket_quota_usages: usages,
+        };
+        self.reports.send(report).await.expect("the stream is open");
+        let answer = tokio::time::timeout(Duration::from_secs(10), self.answers.message())
+            .await
+            .expect("an answer within 10 s")?;
+        Ok(answer.expect("an answer, not the end"))
+    }
+}
+
+fn bucket(entries: &[(&str, &str)]) -> BucketId {
+    BucketId {
+        bucket: (entries.iter())
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+            .collect::<HashMap<_, _>>(),
+    }
+}
+
+/// A usage report of `allowed` requests over `elapsed_ms` (0: the bucket's first report).
+fn usage(entries: &[(&str, &str)], allowed: u64, elapsed_ms: u64) -> BucketQuotaUsage {
+    BucketQuotaUsage {
+        bucket_id: Some(bucket(entries)),
+        time_elapsed: Some(pbjson_types::Duration {
+            seconds: (elapsed_ms / 1000) as i64,
+            nanos: ((elapsed_ms % 1000) * 1_000_000) as i32,
+        }),
+        num_requests_allowed: allowed,
+        num_requests_denied: 0,
+    }
+}
+
+/// The strategy and time to live of the answer's only action.
+fn assignment(answer: &RateLimitQuotaResponse) -> (Strategy, Duration) {
+    assert_eq!(answer.bucket_action.len(), 1, "{answer:?}");
+    let Some(Action::QuotaAssignmentAction(action)) = &answer.bucket_action[0].bucket_action else {
+        panic!("an assignment: {answer:?}");
+    };
+    let Some(RateLimitStrategy {
+        strategy: Some(strategy),
+    }) = &action.rate_limit_strategy
+    else {
+        panic!("a strategy: {answer:?}");
+    };
+    let ttl = action.assignment_time_to_live.expect("a time to live");
+    let ttl = Duration::new(ttl.seconds as u64, ttl.nanos as u32);
+    (*strategy, ttl)
+}
+
+fn is_blanket(strategy: &Strategy, rule: BlanketRule) -> bool {
+    matches!(strategy, Strategy::BlanketRule(r) if *r == rule as i32)
+}
+
+#[tokio::test]
+async fn reported_usage_is_charged_to_the_counters_should_rate_limit_uses() {
+    let server = Floodgate::start(&[("quota.yaml", RULES)], &[]);
+    let mut stream = Stream::open(&server).await;
+    let alice = [("user", "alice")];
+    // The first report subscribes: a token bucket over the quota left.
+    let first = stream.report("quota", vec![usage(&alice, 1, 0)]).await;
+    let (strategy, _) = assignment(&first.expect("an answer"));
+    assert!(matches!(strategy, Strategy::TokenBucket(_)), "{strategy:?}");
+    // ShouldRateLimit sees the RLQS usage: 10 - 1 - this request = 8 left.
+    let ask = request("quota", vec![descriptor(&alice)]);
+    let rls = server.ask(ask.clone()).await;
+    assert_eq!((rls.overall_code, rls.statuses[0].limit_remaining), (OK, 8));
+    // Eight more let through by the data plane exhaust it: DENY_ALL until the hour ends.
+    let exhausted = stream.report("quota", vec![usage(&alice, 8, 1000)]).await;
+    let (strategy, ttl) = assignment(&exhausted.expect("an answer"));
+    assert!(is_blanket(&strategy, BlanketRule::DenyAll), "{strategy:?}");
+    assert!(
+        ttl > Duration::ZERO && ttl <= Duration::from_secs(3600),
+        "{ttl:?}"
+    );
+    assert_eq!(server.ask(ask).await.overall_code, OVER_LIMIT);
+}
+
+#[tokio::test]
+async fn a_bucket_matches_its_rule_whatever_the_order_of_its_entries() {
+    let server = Floodgate::start(&[("quota.yaml", RULES)], &[]);
+    let mut stream = Stream::open(&server).await;
+    // A BucketId has no order; the rule tree does (tenant, then plan).
+    let free = [("plan", "free"), ("tenant", "acme")];
+    let answer = stream.report("quota", vec![usage(&free, 5, 0)]).await;
+    let (strategy, _) = assignment(&answer.expect("an answer"));
+    assert!(
+        is_blanket(&strategy, BlanketRule::DenyAll),
+        "5 of 5 used: {strategy:?}"
+    );
+    let ask = request(
+        "quota",
+        vec![descriptor(&[("tenant", "acme"), ("plan", "free")])],
+    );
+    assert_eq!(server.ask(ask).await.overall_code, OVER_LIMIT);
+}
+
+#[tokio::test]
+async fn a_bucket_no_rule_matches_is_allowed_as_should_rate_limit_would() {
+    let server = Floodgate::start(&[("quota.yaml", RULES)], &[]);
+    let mut stream = Stream::open(&server).await;
+    for (domain, entries) in [("quota", [("nobody", "x")]), ("elsewhere", [("user", "x")])] {
+        let mut stream_for = Stream::open(&server).await;
+        let answer = stream_for
+            .report(domain, vec![usage(&entries, 100, 0)])
+            .await;
+        let (strategy, ttl) = assignment(&answer.expect("an answer"));
+        assert!(
+            is_blanket(&strategy, BlanketRule::AllowAll),
+            "{domain}: {strategy:?}"
+        );
+        assert!(ttl > Duration::ZERO, "{ttl:?}");
+    }
+    // A stream's later reports may leave the domain out.
+    let first = stream
+        .report("quota", vec![usage(&[("nobody", "x")], 0, 0)])
+        .await;
+    assert!(first.is_ok());
+    let later = stream
+        .report("", vec![usage(&[("user", "bob")], 0, 1000)])
+        .await;
+    let (strategy, _) = assignment(&later.expect("an answer"));
+    assert!(matches!(strategy, Strategy::TokenBucket(_)), "{strategy:?}");
+}
+
+#[tokio::test]
+async fn a_bucket_whose_rule_is_removed_is_abandoned() {
+    let server = Floodgate::start(
+        &[("quota.yaml", RULES)],
+        &["--rules-reload-interval-ms", "100"],
+    );
+    let mut stream = Stream::open(&server).await;
+    let carol = [("user", "carol")];
+    let first = stream.report("quota", vec![usage(&carol, 0, 0)]).await;
+    assert!(first.is_ok());
+    let without_users = RULES.replace(
+        "  - key: user\n    rate_limit: {unit: hour, requests_per_unit: 10}\n",
+        "",
+    );
+    std::fs::write(server.rules_dir.path().join("quota.yaml"), without_users).expect("a write");
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let answer = stream.report("quota", vec![usage(&carol, 0, 100)]).await;
+        let answer = answer.expect("an answer");
+        if let Some(Action::AbandonAction(_)) = &answer.bucket_action[0].bucket_action {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "never abandoned: {answer:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+#[tokio::test]
+async fn a_report_the_protocol_forbids_ends_the_stream_with_invalid_argument() {
+    let server = Floodgate::start(&[("quota.yaml", RULES)], &[]);
+    let cases: [(&str, Vec<BucketQuotaUsage>, &str); 3] = [
+        ("", vec![usage(&[("user", "a")], 0, 0)], "names no domain"),
+        (
+            "quota",
+            vec![usage(&[], 0, 0)],
+            "bucket_quota_usages[0]: a bucket_id with no entries",
+        ),
+        (
+            "quota",
+            vec![usage(&[("user", "a")], 0, 0), usage(&[("user", "")], 0, 0)],
+            "bucket_quota_usages[1]: a bucket_id entry with an empty name or value",
+        ),
+    ];
+    for (domain, usages, message) in cases {
+        let mut stream = Stream::open(&server).await;
+        let refused = stream.report(domain, usages).await.expect_err("refused");
+        assert_eq!(refused.code(), tonic::Code::InvalidArgument, "{refused:?}");
+        assert!(refused.message().contains(message), "{refused:?}");
+    }
+    // The server still answers.
+    let mut stream = Stream::open(&server).await;
+    assert!(
+        stream
+            .report("quota", vec![usage(&[("user", "a")], 0, 0)])
+            .await
+            .is_ok()
+    );
+}
+
+#[tokio::test]
+async fn ten_thousand_buckets_on_one_stream_are_each_answered() {
+    let server = Floodgate::start(&[("quota.yaml", RULES)], &[]);
+    let mut stream = Stream::open(&server).await;
+    let names: Vec<String> = (0..10_000).map(|i| format!("user-{i}")).collect();
+    let usages = (names.iter())
+        .map(|name| usage(&[("user", name.as_str())], 1, 0))
+        .collect();
+    let answer = stream.report("quota", usages).await.expect("an answer");
+    assert_eq!(answer.bucket_action.len(), 10_000);
+    let rls = server
+        .ask(request("quota", vec![descriptor(&[("user", "user-9999")])]))
+        .await;
+    assert_eq!(
+        rls.statuses[0].limit_remaining, 8,
+        "its 1 charged, then this one"
+    );
+}
+
+#[tokio::test]
+async fn shutdown_ends_the_streams_so_data_planes_go_elsewhere() {
+    let server = Floodgate::start_with_env(
+        &[("quota.yaml", RULES)],
+        &[],
+        &[("FLOODGATE_SHUTDOWN_GRACE", "30")],
+    );
+    let mut stream = Stream::open(&server).await;
+    assert!(
+        stream
+            .report("quota", vec![usage(&[("user", "d")], 0, 0)])
+            .await
+            .is_ok()
+    );
+    let started = std::time::Instant::now();
+    let (status, _) = tokio::task::spawn_blocking(move || server.terminate())
+        .await
+        .expect("terminated");
+    assert!(status.success(), "{status:?}");
+    assert!(
+        started.elapsed() < Duration::from_secs(10),
+        "the open stream did not hold the shutdown for its 30 s grace"
+    );
+    let ended = stream.answers.message().await;
+    assert!(
+        matches!(&ended, Err(status) if status.code() == tonic::Code::Unavailable),
+        "{ended:?}"
+    );
+}
