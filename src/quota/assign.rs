@@ -14,16 +14,14 @@ use std::time::Duration;
 
 use crate::service::quota::BucketQuota;
 
-/// The reporting interval assumed for a bucket's first report, which has no elapsed time.
-pub const FIRST_INTERVAL: Duration = Duration::from_secs(1);
+/// The reporting interval assumed for a bucket's first report, which has no elapsed time:
+/// Envoy 1.40 reports every 5 s whatever the bucket's `reporting_interval` says.
+pub const FIRST_INTERVAL: Duration = Duration::from_secs(5);
 
-/// How long an assignment holds, in reporting intervals: long enough that a report or two
-/// lost on the way changes nothing, short enough that a data plane whose server went away
-/// falls back to its `expired_assignment_behavior` soon.
-const TTL_INTERVALS: u32 = 2;
-
-/// The shortest fill interval given: a faster rate is given as more tokens per fill.
-const SHORTEST_FILL: Duration = Duration::from_millis(10);
+/// How long an assignment holds, in reporting intervals: long enough that a late or lost
+/// report changes nothing, short enough that a data plane whose server went away falls back
+/// to its `expired_assignment_behavior` soon.
+const TTL_INTERVALS: u32 = 3;
 
 /// A bucket's demand: its requests per second on this stream, and on every stream that
 /// reports it (this one included).
@@ -88,13 +86,21 @@ pub fn assign(quota: &BucketQuota, interval: Duration, demand: Demand) -> Option
 }
 
 /// A token bucket that admits `rate` requests a second, holding one `interval`'s worth.
+/// The fill interval is whole seconds: Envoy 1.40 fills a bucket whose interval is under a
+/// second without limit (observed: a 250 ms interval let every request through).
 fn token_bucket(rate: f64, interval: Duration, ttl: Duration) -> Assignment {
     let per_interval = (rate * interval.as_secs_f64()).ceil().max(1.0);
     let max_tokens = per_interval.min(f64::from(u32::MAX)) as u32;
-    // One token every 1/rate seconds; past SHORTEST_FILL's rate, several per fill.
-    let one_token = Duration::from_secs_f64(1.0 / rate.max(f64::MIN_POSITIVE)).min(ttl);
-    let fill_interval = one_token.max(SHORTEST_FILL);
-    let tokens_per_fill = (rate * fill_interval.as_secs_f64()).round().max(1.0);
+    // Below one a second, one token every so many whole seconds; else so many a second.
+    let (tokens_per_fill, fill_interval) = if rate >= 1.0 {
+        (rate.round(), Duration::from_secs(1))
+    } else {
+        let seconds = (1.0 / rate.max(f64::MIN_POSITIVE)).round().max(1.0);
+        (
+            1.0,
+            Duration::from_secs_f64(seconds.min(ttl.as_secs_f64().max(1.0))),
+        )
+    };
     Assignment::TokenBucket {
         max_tokens,
         tokens_per_fill: tokens_per_fill.min(f64::from(max_tokens)) as u32,
@@ -124,16 +130,33 @@ mod tests {
 
     #[test]
     fn the_quota_left_is_spread_over_the_window_left() {
-        // 60 left for 30 s: 2 a second, a token every 500 ms, one second's worth held.
-        let assignment = assign(&counted(60, 30), Duration::from_secs(1), ALONE);
+        // 60 left for 30 s: 2 a second, one 5 s report's worth held.
+        let assignment = assign(&counted(60, 30), Duration::from_secs(5), ALONE);
         assert_eq!(
             assignment,
             Some(Assignment::TokenBucket {
-                max_tokens: 2,
-                tokens_per_fill: 1,
-                fill_interval: Duration::from_millis(500),
-                ttl: Duration::from_secs(2),
+                max_tokens: 10,
+                tokens_per_fill: 2,
+                fill_interval: Duration::from_secs(1),
+                ttl: Duration::from_secs(15),
             })
+        );
+    }
+
+    #[test]
+    fn a_slow_rate_is_a_token_every_few_whole_seconds() {
+        // 10 left for 40 s: one every 4 s.
+        let Some(Assignment::TokenBucket {
+            tokens_per_fill,
+            fill_interval,
+            ..
+        }) = assign(&counted(10, 40), Duration::from_secs(5), ALONE)
+        else {
+            panic!("a token bucket");
+        };
+        assert_eq!(
+            (tokens_per_fill, fill_interval),
+            (1, Duration::from_secs(4))
         );
     }
 
@@ -144,14 +167,13 @@ mod tests {
             total: 40.0,
         };
         let Some(Assignment::TokenBucket {
-            fill_interval: busy_fill,
-            ..
+            tokens_per_fill, ..
         }) = assign(&counted(80, 10), Duration::from_secs(1), busy)
         else {
             panic!("a token bucket");
         };
         // 80 × 3/4 over 10 s: 6 a second.
-        assert_eq!(busy_fill, Duration::from_secs_f64(1.0 / 6.0));
+        assert_eq!(tokens_per_fill, 6);
     }
 
     #[test]
@@ -165,30 +187,12 @@ mod tests {
     }
 
     #[test]
-    fn a_fast_rate_fills_several_tokens_at_a_time() {
-        // 10,000 left for 1 s: 10,000 a second, 100 every 10 ms.
-        let Some(Assignment::TokenBucket {
-            tokens_per_fill,
-            fill_interval,
-            max_tokens,
-            ..
-        }) = assign(&counted(10_000, 1), Duration::from_secs(1), ALONE)
-        else {
-            panic!("a token bucket");
-        };
-        assert_eq!(
-            (tokens_per_fill, fill_interval, max_tokens),
-            (100, SHORTEST_FILL, 10_000)
-        );
-    }
-
-    #[test]
     fn no_rule_allows_and_a_failed_backend_changes_nothing() {
         let interval = Duration::from_secs(5);
         assert_eq!(
             assign(&BucketQuota::NoRule, interval, ALONE),
             Some(Assignment::AllowAll {
-                ttl: Duration::from_secs(10)
+                ttl: Duration::from_secs(15)
             })
         );
         let failed = BucketQuota::Failed(BackendError::Timeout(Duration::from_millis(15)));

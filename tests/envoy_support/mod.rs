@@ -2,6 +2,8 @@
 //! from `examples/envoy/` with its ports filled in, a small application behind it, and a plain
 //! HTTP/1.1 client. Every process is started on free loopback ports and stopped on drop.
 
+#![allow(dead_code)]
+
 use std::io::{Read, Write};
 use std::net::{IpAddr, SocketAddr, TcpStream};
 use std::path::{Path, PathBuf};
@@ -15,6 +17,13 @@ const EXAMPLE_CONFIG: &str = include_str!("../../examples/envoy/envoy.yaml");
 pub const EXAMPLE_RULES: (&str, &str) = (
     "envoy_demo.yaml",
     include_str!("../../examples/envoy/rules/envoy_demo.yaml"),
+);
+
+/// The RLQS example (`examples/envoy/rlqs.yaml`) and its rules.
+const RLQS_CONFIG: &str = include_str!("../../examples/envoy/rlqs.yaml");
+pub const RLQS_RULES: (&str, &str) = (
+    "rlqs_demo.yaml",
+    include_str!("../../examples/envoy/rlqs-rules/rlqs_demo.yaml"),
 );
 
 /// How long to wait for Envoy to start before giving up.
@@ -52,6 +61,23 @@ pub fn example_config(floodgate: SocketAddr, app: SocketAddr, on_failure: OnFail
             "failure_mode_deny: false",
             format!("failure_mode_deny: {deny}"),
         ),
+    ] {
+        config = replace_once(&config, from, &to);
+    }
+    config
+}
+
+/// The RLQS example pointed at this test's floodgate and application, on free ports.
+pub fn rlqs_config(floodgate: SocketAddr, app: SocketAddr) -> String {
+    let mut config = RLQS_CONFIG.to_owned();
+    for (from, to) in [
+        ("port_value: 9901", "port_value: 0".to_owned()),
+        ("port_value: 10000", "port_value: 0".to_owned()),
+        (
+            "port_value: 8081",
+            format!("port_value: {}", floodgate.port()),
+        ),
+        ("port_value: 8000", format!("port_value: {}", app.port())),
     ] {
         config = replace_once(&config, from, &to);
     }
@@ -435,11 +461,34 @@ fn exchange(mut stream: TcpStream, method: &str, path: &str, headers: &[(&str, &
     stream
         .write_all(request.as_bytes())
         .expect("writing the HTTP request");
-    let mut raw = String::new();
-    stream
-        .read_to_string(&mut raw)
-        .expect("reading the HTTP response");
-    parse(&raw)
+    parse(&read_response(&mut stream))
+}
+
+/// One response off `stream`: up to its `content-length` when it has one (Envoy holds a
+/// local reply's connection open for its `delayed_close_timeout`, a second, after sending
+/// it), else to the end of the stream.
+fn read_response(stream: &mut TcpStream) -> String {
+    let mut raw = Vec::new();
+    let mut chunk = [0u8; 4096];
+    loop {
+        let read = stream.read(&mut chunk).expect("reading the HTTP response");
+        if read == 0 {
+            break;
+        }
+        raw.extend_from_slice(&chunk[..read]);
+        let text = String::from_utf8_lossy(&raw);
+        let Some((head, body)) = text.split_once("\r\n\r\n") else {
+            continue;
+        };
+        let length = (head.lines())
+            .filter_map(|line| line.split_once(':'))
+            .find(|(name, _)| name.trim().eq_ignore_ascii_case("content-length"))
+            .and_then(|(_, value)| value.trim().parse::<usize>().ok());
+        if length.is_some_and(|length| body.len() >= length) {
+            break;
+        }
+    }
+    String::from_utf8_lossy(&raw).into_owned()
 }
 
 fn parse(raw: &str) -> Response {

@@ -1,0 +1,108 @@
+//! The Rate Limit Quota Service with the real Envoy 1.40: its `rate_limit_quota` filter,
+//! configured as `examples/envoy/rlqs.yaml`, reports to the real floodgate and enforces
+//! floodgate's assignments, with no ShouldRateLimit call per request.
+
+mod envoy_support;
+mod harness;
+
+use std::time::{Duration, Instant};
+
+use envoy_support::{App, Envoy, RLQS_RULES, rlqs_config};
+use harness::Floodgate;
+
+/// The example's rule made small: 5 an hour per user, so a few seconds exhaust it.
+fn small_rules() -> String {
+    RLQS_RULES.1.replace(
+        "{unit: minute, requests_per_unit: 100}",
+        "{unit: hour, requests_per_unit: 5}",
+    )
+}
+
+/// floodgate's `/json` answer for `user`, costing nothing: (code, remaining).
+fn check(server: &Floodgate, user: &str) -> (String, u64) {
+    let body = format!(
+        r#"{{"domain":"rlqs_demo","descriptors":[{{"entries":[{{"key":"user","value":"{user}"}}],"hitsAddend":"0"}}]}}"#
+    );
+    let (_, answer) = server.http("POST", "/json", &body);
+    let answer: serde_json::Value = serde_json::from_str(&answer).expect("JSON");
+    let status = &answer["statuses"][0];
+    (
+        status["code"].as_str().unwrap_or("OK").to_owned(),
+        status["limitRemaining"].as_u64().unwrap_or(0),
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn envoy_enforces_floodgates_assignments_and_its_usage_is_counted() {
+    let rules = small_rules();
+    let server = Floodgate::start(&[(RLQS_RULES.0, rules.as_str())], &[]);
+    let app = App::start();
+    let envoy = Envoy::start(&rlqs_config(server.grpc_addr, app.addr));
+    // 40 requests over 4 s: Envoy lets the first through (no assignment yet), then
+    // enforces the token bucket floodgate sends, a share of the 4 left spread over the hour.
+    let mut allowed = 0;
+    let mut refused = 0;
+    for _ in 0..40 {
+        match envoy.get("/", &[("x-user", "alice")]).status {
+            200 => allowed += 1,
+            429 => refused += 1,
+            other => panic!("status {other}\n{}", envoy.log()),
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert!(
+        (1..=5).contains(&allowed),
+        "allowed {allowed}, refused {refused}: the limit is 5 an hour\n{}",
+        server.stderr()
+    );
+    // Envoy reports every 5 s: its usage reaches the counter ShouldRateLimit reads.
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        let (_, remaining) = check(&server, "alice");
+        if remaining == 5 - allowed {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "remaining {remaining}, expected {} after {allowed} allowed",
+            5 - allowed
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    // No request of Envoy's was a ShouldRateLimit call.
+    let grpc_calls =
+        r#"floodgate_requests_total{protocol="grpc",method="ShouldRateLimit",code="OK"}"#;
+    assert_eq!(server.metric(grpc_calls), 0.0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_exhausted_limit_is_denied_by_envoy_until_it_resets() {
+    let rules = small_rules();
+    let server = Floodgate::start(&[(RLQS_RULES.0, rules.as_str())], &[]);
+    // Another client spends bob's quota through ShouldRateLimit first: one shared count.
+    for _ in 0..5 {
+        let body =
+            r#"{"domain":"rlqs_demo","descriptors":[{"entries":[{"key":"user","value":"bob"}]}]}"#;
+        let (status, _) = server.http("POST", "/json", body);
+        assert_eq!(status, 200);
+    }
+    let app = App::start();
+    let envoy = Envoy::start(&rlqs_config(server.grpc_addr, app.addr));
+    // The first request passes (Envoy has no assignment yet); from floodgate's answer on,
+    // DENY_ALL: every later one is refused.
+    let first = envoy.get("/", &[("x-user", "bob")]).status;
+    assert_eq!(first, 200);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while envoy.get("/", &[("x-user", "bob")]).status != 429 {
+        assert!(Instant::now() < deadline, "never denied\n{}", envoy.log());
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    for _ in 0..10 {
+        assert_eq!(envoy.get("/", &[("x-user", "bob")]).status, 429);
+    }
+    let response = envoy.get("/", &[("x-user", "bob")]);
+    assert_eq!(
+        response.body, "rate limited\n",
+        "the example's deny response"
+    );
+}
