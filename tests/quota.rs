@@ -3,6 +3,7 @@
 //! Usage is charged to the counters ShouldRateLimit uses; assignments follow what is left.
 
 mod harness;
+mod redis_harness;
 
 use std::collections::HashMap;
 use std::time::Duration;
@@ -16,6 +17,7 @@ use floodgate::proto::envoy::service::rate_limit_quota::v3::{
     BucketId, RateLimitQuotaResponse, RateLimitQuotaUsageReports,
 };
 use harness::{Floodgate, OK, OVER_LIMIT, descriptor, request};
+use redis_harness::RedisServer;
 use tokio::sync::mpsc;
 use tonic::Streaming;
 
@@ -294,5 +296,66 @@ async fn shutdown_ends_the_streams_so_data_planes_go_elsewhere() {
     assert!(
         matches!(&ended, Err(status) if status.code() == tonic::Code::Unavailable),
         "{ended:?}"
+    );
+}
+
+/// The tokens a second of a token-bucket assignment (fractional below one a second).
+fn rate(answer: &RateLimitQuotaResponse) -> f64 {
+    let (strategy, _) = assignment(answer);
+    let Strategy::TokenBucket(bucket) = strategy else {
+        panic!("a token bucket: {answer:?}");
+    };
+    let fill = bucket.fill_interval.expect("a fill interval");
+    let fill = fill.seconds as f64 + f64::from(fill.nanos) / 1e9;
+    f64::from(bucket.tokens_per_fill.expect("tokens per fill").value) / fill
+}
+
+/// Demand is shared across replicas: an instance on one floodgate gets its share against
+/// the demand another instance reported to another floodgate on the same Redis.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn instances_on_different_replicas_share_the_quota_by_demand() {
+    const BIG: &str = "
+domain: quota
+descriptors:
+  - key: user
+    rate_limit: {unit: hour, requests_per_unit: 36000}
+";
+    let redis = RedisServer::start();
+    let replica = || {
+        Floodgate::start_with_env(
+            &[("quota.yaml", BIG)],
+            &["--backend", "redis", "--redis-url", &redis.url()],
+            &[("FLOODGATE_REDIS_COMMAND_TIMEOUT_MS", "2000")],
+        )
+    };
+    let (one, two) = (replica(), replica());
+    let denied = |entries: &[(&str, &str)], denied: u64| BucketQuotaUsage {
+        num_requests_denied: denied,
+        ..usage(entries, 0, 5000)
+    };
+    // Alone, an instance asking 20 a second gets the quota left spread over the hour left.
+    let mut alone = Stream::open(&two).await;
+    let control = rate(
+        &alone
+            .report("quota", vec![denied(&[("user", "solo")], 100)])
+            .await
+            .expect("an answer"),
+    );
+    // With another instance on the other replica asking 180 a second, a fifth of that.
+    let mut busy = Stream::open(&one).await;
+    busy.report("quota", vec![denied(&[("user", "shared")], 900)])
+        .await
+        .expect("an answer");
+    let mut modest = Stream::open(&two).await;
+    let shared = rate(
+        &modest
+            .report("quota", vec![denied(&[("user", "shared")], 100)])
+            .await
+            .expect("an answer"),
+    );
+    let ratio = shared / control;
+    assert!(
+        (0.15..0.3).contains(&ratio),
+        "{shared} a second shared against {control} alone: the other replica's demand counts"
     );
 }

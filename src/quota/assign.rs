@@ -4,7 +4,8 @@
 //! An instance is given a token bucket that admits its share of the quota left, spread over
 //! what is left of the window: `remaining × share / max(time left, interval)` requests a
 //! second, with one interval's worth as its burst. Its share is its reported demand against
-//! the demand of every stream reporting the bucket. Every request an instance admits is
+//! the demand of every stream reporting the bucket, on every replica (a counter beside the
+//! rule's). Every request an instance admits is
 //! charged to the limit's counter at its next report, so an exhausted limit is seen within
 //! one interval, and every instance is told `DENY_ALL` until the window resets at its next
 //! report: the overshoot is what the instances admit in one interval (and a round trip)
@@ -23,9 +24,9 @@ pub const FIRST_INTERVAL: Duration = Duration::from_secs(5);
 /// to its `expired_assignment_behavior` soon.
 const TTL_INTERVALS: u32 = 3;
 
-/// A bucket's demand: its requests per second on this stream, and on every stream that
-/// reports it (this one included).
-#[derive(Debug, Clone, Copy, PartialEq)]
+/// A bucket's demand: its requests per second on this stream, and on every stream of every
+/// replica that reports it (this one included).
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
 pub struct Demand {
     pub this: f64,
     pub total: f64,
@@ -120,6 +121,7 @@ mod tests {
             limit: Limit::per(100, Unit::Minute),
             remaining,
             reset_micros: reset_secs * 1_000_000,
+            demand: 0,
         }
     }
 

@@ -14,8 +14,7 @@ pub mod assign;
 
 use std::collections::HashMap;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::Arc;
 use std::time::Duration;
 
 use futures_util::Stream;
@@ -35,7 +34,7 @@ use crate::proto::envoy::service::rate_limit_quota::v3::{
     BucketId, RateLimitQuotaResponse, RateLimitQuotaUsageReports,
 };
 use crate::service::RateLimiter;
-use crate::service::quota::BucketQuota;
+use crate::service::quota::{BucketQuota, DEMAND_WINDOW};
 use assign::{Assignment, Demand, FIRST_INTERVAL};
 
 pub use crate::proto::envoy::service::rate_limit_quota::v3::rate_limit_quota_service_server::RateLimitQuotaServiceServer;
@@ -47,20 +46,13 @@ type BucketKey = Vec<(String, String)>;
 #[derive(Clone)]
 pub struct QuotaService {
     limiter: Arc<RateLimiter>,
-    demand: Arc<DemandBook>,
     stopped: watch::Receiver<bool>,
-    streams: Arc<AtomicU64>,
 }
 
 impl QuotaService {
     /// The service; its streams end when `stopped` turns true.
     pub fn new(limiter: Arc<RateLimiter>, stopped: watch::Receiver<bool>) -> Self {
-        QuotaService {
-            limiter,
-            demand: Arc::default(),
-            stopped,
-            streams: Arc::default(),
-        }
+        QuotaService { limiter, stopped }
     }
 }
 
@@ -76,9 +68,7 @@ impl RateLimitQuotaService for QuotaService {
     ) -> Result<Response<Answers>, Status> {
         let (answers, receiver) = mpsc::channel(16);
         let stream = QuotaStream {
-            id: self.streams.fetch_add(1, Ordering::Relaxed),
             limiter: self.limiter.clone(),
-            demand: self.demand.clone(),
             domain: None,
             buckets: HashMap::new(),
         };
@@ -90,42 +80,9 @@ impl RateLimitQuotaService for QuotaService {
     }
 }
 
-/// Every stream's demand for every bucket on this replica, in requests a second, so that
-/// the streams of one bucket share it by demand.
-#[derive(Default)]
-struct DemandBook(Mutex<HashMap<(String, BucketKey), HashMap<u64, f64>>>);
-
-impl DemandBook {
-    /// Records `rate` for `stream` on `bucket` and answers the bucket's demand.
-    fn record(&self, bucket: &(String, BucketKey), stream: u64, rate: f64) -> Demand {
-        let mut book = self.0.lock().unwrap_or_else(PoisonError::into_inner);
-        let streams = book.entry(bucket.clone()).or_default();
-        streams.insert(stream, rate);
-        Demand {
-            this: rate,
-            total: streams.values().sum(),
-        }
-    }
-
-    /// Forgets `stream`'s demand for `buckets`.
-    fn forget<'a>(&self, stream: u64, buckets: impl Iterator<Item = &'a (String, BucketKey)>) {
-        let mut book = self.0.lock().unwrap_or_else(PoisonError::into_inner);
-        for bucket in buckets {
-            if let Some(streams) = book.get_mut(bucket) {
-                streams.remove(&stream);
-                if streams.is_empty() {
-                    book.remove(bucket);
-                }
-            }
-        }
-    }
-}
-
 /// One data plane's stream: its domain, and the descriptor each of its buckets matched.
 struct QuotaStream {
-    id: u64,
     limiter: Arc<RateLimiter>,
-    demand: Arc<DemandBook>,
     domain: Option<String>,
     /// Each bucket reported, with its entries in rule order once a rule matched them.
     buckets: HashMap<BucketKey, Option<Vec<(String, String)>>>,
@@ -160,11 +117,6 @@ impl QuotaStream {
                 break;
             }
         }
-        let domain = self.domain.clone().unwrap_or_default();
-        let keys: Vec<(String, BucketKey)> = (self.buckets.keys())
-            .map(|key| (domain.clone(), key.clone()))
-            .collect();
-        self.demand.forget(self.id, keys.iter());
     }
 
     /// The actions for one report's buckets, in the report's order.
@@ -216,30 +168,31 @@ impl QuotaStream {
             // Its rule is gone: the data plane forgets the bucket, and starts it anew
             // (unassigned) with its next request into it.
             self.buckets.remove(&key);
-            self.demand
-                .forget(self.id, [(domain.to_owned(), key)].iter());
             return Some(BucketAction {
                 bucket_id,
                 bucket_action: Some(Action::AbandonAction(AbandonAction {})),
             });
         }
-        let quota = match &descriptor {
-            Some(entries) => {
-                (self.limiter)
-                    .charge_bucket(domain, entries, usage.num_requests_allowed)
-                    .await
-            }
-            None => BucketQuota::NoRule,
-        };
         let elapsed = (usage.time_elapsed.as_ref())
             .and_then(|elapsed| Duration::try_from(*elapsed).ok())
             .filter(|elapsed| !elapsed.is_zero());
         let interval = elapsed.unwrap_or(FIRST_INTERVAL);
         let requests = usage.num_requests_allowed + usage.num_requests_denied;
-        let rate = requests as f64 / interval.as_secs_f64();
-        let demand = self
-            .demand
-            .record(&(domain.to_owned(), key.clone()), self.id, rate);
+        let quota = match &descriptor {
+            Some(entries) => {
+                (self.limiter)
+                    .charge_bucket(domain, entries, usage.num_requests_allowed, requests)
+                    .await
+            }
+            None => BucketQuota::NoRule,
+        };
+        let demand = match &quota {
+            BucketQuota::Counted { demand, .. } => Demand {
+                this: requests as f64 / interval.as_secs_f64(),
+                total: *demand as f64 / DEMAND_WINDOW.as_secs_f64(),
+            },
+            _ => Demand::default(),
+        };
         self.buckets.insert(key, descriptor);
         let assignment = assign::assign(&quota, interval, demand)?;
         Some(BucketAction {

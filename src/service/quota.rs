@@ -3,11 +3,16 @@
 //! counters `ShouldRateLimit` counts on, and what is left of the rule's limit.
 
 use std::borrow::Cow;
+use std::time::Duration;
 
 use super::RateLimiter;
 use crate::backend::{BackendError, CounterHit, OnReject};
-use crate::limiter::{CounterKey, Hits, Limit};
+use crate::limiter::{Algorithm, CounterKey, Hits, Limit, Unit};
 use crate::rules::{Domain, Match, Policy};
+
+/// How far back a bucket's demand is counted, across every replica: two of Envoy's 5 s
+/// report intervals, so that every instance that reports the bucket is in it.
+pub const DEMAND_WINDOW: Duration = Duration::from_secs(10);
 
 /// Buckets with more entries than this are matched in their given and sorted orders only:
 /// trying every order of more would cost too much per report (8! = 40,320 lookups).
@@ -21,11 +26,14 @@ pub enum BucketQuota {
     NoRule,
     /// `unlimited: true`.
     Unlimited,
-    /// The rule's tightest limit after the charge: `remaining` hits until `reset_micros`.
+    /// The rule's tightest limit after the charge: `remaining` hits until `reset_micros`;
+    /// and the requests (allowed and denied) every data plane reported for the bucket over
+    /// the last [`DEMAND_WINDOW`], on every replica.
     Counted {
         limit: Limit,
         remaining: u64,
         reset_micros: u64,
+        demand: u64,
     },
     /// The backend could not count; nothing is known of the quota.
     Failed(BackendError),
@@ -56,12 +64,14 @@ impl RateLimiter {
 
     /// Charges `allowed` requests (already let through by a data plane) to the counters of
     /// the rule `entries` (in rule order, see [`RateLimiter::bucket_descriptor`]) matches in
-    /// `domain`, counted in full even past the limit, and answers what is left.
+    /// `domain`, counted in full even past the limit, and adds `requests` (allowed and
+    /// denied) to the bucket's demand, in the same backend call; answers what is left.
     pub async fn charge_bucket(
         &self,
         domain: &str,
         entries: &[(String, String)],
         allowed: u64,
+        requests: u64,
     ) -> BucketQuota {
         let rules = self.rules();
         let Some(found) = rules.domain(domain).and_then(|d| matched_rule(d, entries)) else {
@@ -87,10 +97,17 @@ impl RateLimiter {
                 hits: Hits::take(allowed),
                 binding: false,
             })
+            .chain(std::iter::once(demand_hit(domain, &found, requests)))
             .collect();
         let answers = self.backend().hit_all(&hits, OnReject::Consume, None).await;
+        let mut results = answers.results;
+        let demand = match results.pop() {
+            Some(Ok(decision)) => u64::from(u32::MAX).saturating_sub(decision.remaining),
+            Some(Err(error)) => return BucketQuota::Failed(error),
+            None => 0,
+        };
         let mut tightest: Option<BucketQuota> = None;
-        for (hit, result) in hits.iter().zip(answers.results) {
+        for (hit, result) in hits.iter().zip(results) {
             let decision = match result {
                 Ok(decision) => decision,
                 Err(error) => return BucketQuota::Failed(error),
@@ -114,10 +131,33 @@ impl RateLimiter {
                     },
                     remaining,
                     reset_micros: decision.reset_micros,
+                    demand,
                 });
             }
         }
         tightest.unwrap_or(BucketQuota::Unlimited)
+    }
+}
+
+/// The hit that adds `requests` to the demand of the bucket `found` counts: a sliding
+/// window of [`DEMAND_WINDOW`] that never refuses, beside the rule's own counters (its key
+/// names the rule with a suffix no rule id has).
+fn demand_hit<'a>(domain: &str, found: &Match<'_>, requests: u64) -> CounterHit<'a> {
+    let limit = Limit {
+        requests_per_unit: u32::MAX,
+        unit: Unit::Second,
+        unit_multiplier: DEMAND_WINDOW.as_secs() as u32,
+        algorithm: Algorithm::SlidingWindow,
+        burst: None,
+        timezone: None,
+        overshoot: true,
+    };
+    let rule = format!("{}~rlqs-demand", found.rule.id);
+    CounterHit {
+        key: CounterKey::new(domain, &rule, 0, &limit, found.entries.iter().copied()),
+        limit: Cow::Owned(limit),
+        hits: Hits::take(requests),
+        binding: false,
     }
 }
 
