@@ -139,6 +139,34 @@ async fn reported_usage_is_charged_to_the_counters_should_rate_limit_uses() {
         "{ttl:?}"
     );
     assert_eq!(server.ask(ask).await.overall_code, OVER_LIMIT);
+    // What /metrics says of it.
+    let figures = [
+        ("floodgate_rlqs_streams_opened_total", 1.0),
+        ("floodgate_rlqs_streams", 1.0),
+        ("floodgate_rlqs_buckets", 1.0),
+        ("floodgate_rlqs_reports_total", 2.0),
+        (
+            r#"floodgate_rlqs_assignments_total{strategy="token_bucket"}"#,
+            1.0,
+        ),
+        (
+            r#"floodgate_rlqs_assignments_total{strategy="deny_all"}"#,
+            1.0,
+        ),
+    ];
+    for (name, value) in figures {
+        assert_eq!(server.metric(name), value, "{name}");
+    }
+    drop(stream);
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while server.metric("floodgate_rlqs_streams") != 0.0 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the stream is still counted open"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(server.metric("floodgate_rlqs_buckets"), 0.0);
 }
 
 #[tokio::test]
@@ -216,6 +244,8 @@ async fn a_bucket_whose_rule_is_removed_is_abandoned() {
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+    assert_eq!(server.metric("floodgate_rlqs_abandoned_total"), 1.0);
+    assert_eq!(server.metric("floodgate_rlqs_buckets"), 0.0);
 }
 
 #[tokio::test]
@@ -240,6 +270,7 @@ async fn a_report_the_protocol_forbids_ends_the_stream_with_invalid_argument() {
         assert_eq!(refused.code(), tonic::Code::InvalidArgument, "{refused:?}");
         assert!(refused.message().contains(message), "{refused:?}");
     }
+    assert_eq!(server.metric("floodgate_rlqs_refused_reports_total"), 3.0);
     // The server still answers.
     let mut stream = Stream::open(&server).await;
     assert!(

@@ -14,6 +14,7 @@
 
 mod exposition;
 mod process;
+mod quota;
 mod rule_stats;
 mod samples;
 pub mod statsd;
@@ -22,6 +23,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 pub use exposition::CONTENT_TYPE;
+pub use quota::{QuotaStats, Strategy};
 pub use rule_stats::MAX_REQUEST_LABELLED_SERIES;
 
 use exposition::{Exposition, Kind};
@@ -72,6 +74,7 @@ pub struct Metrics {
     requests: [RequestStats; Endpoint::ALL.len()],
     config_loads: ConfigLoads,
     global_shadow_mode: Counter,
+    quota: QuotaStats,
     /// Requests for a domain no rule file names, by that domain (at most
     /// [`MAX_UNKNOWN_DOMAINS`] of them).
     domains_not_found: std::sync::Mutex<std::collections::BTreeMap<String, u64>>,
@@ -90,6 +93,7 @@ impl Metrics {
             requests: Default::default(),
             config_loads: ConfigLoads::default(),
             global_shadow_mode: Counter::default(),
+            quota: QuotaStats::default(),
             domains_not_found: Default::default(),
         }
     }
@@ -97,6 +101,11 @@ impl Metrics {
     /// Rule-set loads; the reload path records each attempt here.
     pub fn config_loads(&self) -> &ConfigLoads {
         &self.config_loads
+    }
+
+    /// The Rate Limit Quota Service's streams, reports and assignments.
+    pub fn quota(&self) -> &QuotaStats {
+        &self.quota
     }
 
     /// The requests served on `endpoint`.
@@ -194,6 +203,7 @@ impl Metrics {
         render_origin(&mut page, origin);
         self.render_rules(&mut page);
         self.render_service(&mut page);
+        self.quota.render(&mut page);
         render_backend(&mut page, backend);
         render_memory(&mut page, memory);
         process::render(&mut page);

@@ -33,6 +33,7 @@ use crate::proto::envoy::service::rate_limit_quota::v3::rate_limit_quota_usage_r
 use crate::proto::envoy::service::rate_limit_quota::v3::{
     BucketId, RateLimitQuotaResponse, RateLimitQuotaUsageReports,
 };
+use crate::metrics::Strategy as Assigned;
 use crate::service::RateLimiter;
 use crate::service::quota::{BucketQuota, DEMAND_WINDOW};
 use assign::{Assignment, Demand, FIRST_INTERVAL};
@@ -67,6 +68,7 @@ impl RateLimitQuotaService for QuotaService {
         request: Request<Streaming<RateLimitQuotaUsageReports>>,
     ) -> Result<Response<Answers>, Status> {
         let (answers, receiver) = mpsc::channel(16);
+        self.limiter.metrics().quota().stream_opened();
         let stream = QuotaStream {
             limiter: self.limiter.clone(),
             domain: None,
@@ -112,11 +114,15 @@ impl QuotaStream {
                 Ok(None) | Err(_) => break,
             };
             let failed = answer.is_err();
+            if failed {
+                self.limiter.metrics().quota().refused();
+            }
             let empty = matches!(&answer, Ok(response) if response.bucket_action.is_empty());
             if !empty && answers.send(answer).await.is_err() || failed {
                 break;
             }
         }
+        (self.limiter.metrics().quota()).stream_closed(self.buckets.len());
     }
 
     /// The actions for one report's buckets, in the report's order.
@@ -139,6 +145,7 @@ impl QuotaStream {
                 )));
             }
         };
+        self.limiter.metrics().quota().report();
         let mut actions = Vec::with_capacity(report.bucket_quota_usages.len());
         for (index, usage) in report.bucket_quota_usages.into_iter().enumerate() {
             let key = bucket_key(&usage).map_err(|why| {
@@ -168,6 +175,9 @@ impl QuotaStream {
             // Its rule is gone: the data plane forgets the bucket, and starts it anew
             // (unassigned) with its next request into it.
             self.buckets.remove(&key);
+            let stats = self.limiter.metrics().quota();
+            stats.buckets_changed(-1);
+            stats.abandoned();
             return Some(BucketAction {
                 bucket_id,
                 bucket_action: Some(Action::AbandonAction(AbandonAction {})),
@@ -193,8 +203,15 @@ impl QuotaStream {
             },
             _ => Demand::default(),
         };
-        self.buckets.insert(key, descriptor);
+        if self.buckets.insert(key, descriptor).is_none() {
+            self.limiter.metrics().quota().buckets_changed(1);
+        }
         let assignment = assign::assign(&quota, interval, demand)?;
+        (self.limiter.metrics().quota()).assigned(match assignment {
+            Assignment::TokenBucket { .. } => Assigned::TokenBucket,
+            Assignment::DenyAll { .. } => Assigned::DenyAll,
+            Assignment::AllowAll { .. } => Assigned::AllowAll,
+        });
         Some(BucketAction {
             bucket_id,
             bucket_action: Some(Action::QuotaAssignmentAction(assignment_action(assignment))),

@@ -1,0 +1,125 @@
+//! The Rate Limit Quota Service's figures: streams open and opened, reports, buckets held,
+//! assignments by strategy, abandoned buckets and refused reports.
+
+use std::sync::atomic::{AtomicI64, Ordering};
+
+use super::exposition::{Exposition, Kind};
+use crate::instruments::Counter;
+
+/// What an assignment told a data plane.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Strategy {
+    TokenBucket,
+    DenyAll,
+    AllowAll,
+}
+
+impl Strategy {
+    const ALL: [Strategy; 3] = [Strategy::TokenBucket, Strategy::DenyAll, Strategy::AllowAll];
+
+    fn name(self) -> &'static str {
+        match self {
+            Strategy::TokenBucket => "token_bucket",
+            Strategy::DenyAll => "deny_all",
+            Strategy::AllowAll => "allow_all",
+        }
+    }
+}
+
+/// Counted by `crate::quota` as streams come and go.
+#[derive(Debug, Default)]
+pub struct QuotaStats {
+    streams_opened: Counter,
+    streams_open: AtomicI64,
+    buckets: AtomicI64,
+    reports: Counter,
+    assignments: [Counter; Strategy::ALL.len()],
+    abandoned: Counter,
+    refused: Counter,
+}
+
+impl QuotaStats {
+    pub fn stream_opened(&self) {
+        self.streams_opened.add(1);
+        self.streams_open.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// A stream ended, holding `buckets`.
+    pub fn stream_closed(&self, buckets: usize) {
+        self.streams_open.fetch_sub(1, Ordering::Relaxed);
+        self.buckets_changed(-(buckets as i64));
+    }
+
+    /// Buckets held by the streams, up or down by `change`.
+    pub fn buckets_changed(&self, change: i64) {
+        self.buckets.fetch_add(change, Ordering::Relaxed);
+    }
+
+    pub fn report(&self) {
+        self.reports.add(1);
+    }
+
+    pub fn assigned(&self, strategy: Strategy) {
+        self.assignments[strategy as usize].add(1);
+    }
+
+    pub fn abandoned(&self) {
+        self.abandoned.add(1);
+    }
+
+    /// A report the protocol forbids, which ended its stream.
+    pub fn refused(&self) {
+        self.refused.add(1);
+    }
+
+    pub(super) fn render(&self, page: &mut Exposition) {
+        let counters = [
+            (
+                "floodgate_rlqs_streams_opened_total",
+                "RLQS streams opened by data planes.",
+                self.streams_opened.get(),
+            ),
+            (
+                "floodgate_rlqs_reports_total",
+                "RLQS usage reports received.",
+                self.reports.get(),
+            ),
+            (
+                "floodgate_rlqs_abandoned_total",
+                "Buckets abandoned because their rule went away.",
+                self.abandoned.get(),
+            ),
+            (
+                "floodgate_rlqs_refused_reports_total",
+                "RLQS reports the protocol forbids (INVALID_ARGUMENT, the stream ended).",
+                self.refused.get(),
+            ),
+        ];
+        for (name, help, value) in counters {
+            page.family(name, Kind::Counter, help);
+            page.sample(name, &[], value);
+        }
+        let gauges = [
+            (
+                "floodgate_rlqs_streams",
+                "RLQS streams open now.",
+                self.streams_open.load(Ordering::Relaxed).max(0),
+            ),
+            (
+                "floodgate_rlqs_buckets",
+                "Buckets the open RLQS streams report.",
+                self.buckets.load(Ordering::Relaxed).max(0),
+            ),
+        ];
+        for (name, help, value) in gauges {
+            page.family(name, Kind::Gauge, help);
+            page.sample(name, &[], value);
+        }
+        let name = "floodgate_rlqs_assignments_total";
+        page.family(name, Kind::Counter, "RLQS assignments sent, by strategy.");
+        for strategy in Strategy::ALL {
+            let count = self.assignments[strategy as usize].get();
+            page.sample(name, &[("strategy", strategy.name())], count);
+        }
+    }
+}
