@@ -300,6 +300,37 @@ async fn ten_thousand_buckets_on_one_stream_are_each_answered() {
     );
 }
 
+/// A data plane that leaves in the middle of a report (10,000 buckets being charged) costs
+/// the server nothing: the stream is closed, and other streams are answered.
+#[tokio::test]
+async fn a_stream_cut_mid_report_is_closed_and_the_rest_served() {
+    let server = Floodgate::start(&[("quota.yaml", RULES)], &[]);
+    let stream = Stream::open(&server).await;
+    let names: Vec<String> = (0..10_000).map(|i| format!("gone-{i}")).collect();
+    let usages = (names.iter())
+        .map(|name| usage(&[("user", name.as_str())], 1, 0))
+        .collect();
+    let report = RateLimitQuotaUsageReports {
+        domain: "quota".into(),
+        bucket_quota_usages: usages,
+    };
+    stream.reports.send(report).await.expect("sent");
+    drop(stream);
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while server.metric("floodgate_rlqs_streams") != 0.0 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the cut stream stays open"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let mut other = Stream::open(&server).await;
+    let answer = other
+        .report("quota", vec![usage(&[("user", "x")], 0, 0)])
+        .await;
+    assert!(answer.is_ok(), "{answer:?}");
+}
+
 #[tokio::test]
 async fn shutdown_ends_the_streams_so_data_planes_go_elsewhere() {
     let server = Floodgate::start_with_env(

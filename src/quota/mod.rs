@@ -113,12 +113,16 @@ impl QuotaStream {
                 // The data plane ended the stream, or its connection broke.
                 Ok(None) | Err(_) => break,
             };
-            let failed = answer.is_err();
-            if failed {
+            if matches!(&answer, Ok(response) if response.bucket_action.is_empty()) {
+                // Nothing to change (the backend could not count): no message.
+                continue;
+            }
+            let refused = answer.is_err();
+            if refused {
                 self.limiter.metrics().quota().refused();
             }
-            let empty = matches!(&answer, Ok(response) if response.bucket_action.is_empty());
-            if !empty && answers.send(answer).await.is_err() || failed {
+            // A refusal ends the stream; so does a data plane that is gone.
+            if answers.send(answer).await.is_err() || refused {
                 break;
             }
         }
