@@ -243,3 +243,57 @@ async fn a_malformed_request_is_an_error_span() {
         Some(STATUS_ERROR)
     );
 }
+
+/// Each RLQS report is a span of its own, continuing the trace the stream's headers carry,
+/// with the domain and the number of buckets reported.
+#[tokio::test]
+async fn an_rlqs_report_is_a_span_in_the_streams_trace() {
+    use floodgate::proto::envoy::service::rate_limit_quota::v3::rate_limit_quota_service_client::RateLimitQuotaServiceClient;
+    use floodgate::proto::envoy::service::rate_limit_quota::v3::rate_limit_quota_usage_reports::BucketQuotaUsage;
+    use floodgate::proto::envoy::service::rate_limit_quota::v3::{
+        BucketId, RateLimitQuotaUsageReports,
+    };
+
+    let collector = Collector::start().await;
+    let server = start(&collector, "grpc", &[]);
+    let trace = "0af7651916cd43dd8448eb211c80319c";
+    let usage = |user: &str| BucketQuotaUsage {
+        bucket_id: Some(BucketId {
+            bucket: [("user".to_owned(), user.to_owned())].into(),
+        }),
+        ..Default::default()
+    };
+    let report = RateLimitQuotaUsageReports {
+        domain: "traces".into(),
+        bucket_quota_usages: vec![usage("a"), usage("b")],
+    };
+    let mut stream = tonic::Request::new(futures_util::stream::iter(vec![report]));
+    let parent = format!("00-{trace}-b7ad6b7169203331-01");
+    (stream.metadata_mut()).insert("traceparent", parent.parse().expect("ASCII"));
+    let mut client = RateLimitQuotaServiceClient::connect(format!("http://{}", server.grpc_addr))
+        .await
+        .expect("a connection");
+    let mut answers = client
+        .stream_rate_limit_quotas(stream)
+        .await
+        .expect("the stream opens")
+        .into_inner();
+    let answer = answers.message().await.expect("an answer");
+    assert_eq!(answer.expect("not the end").bucket_action.len(), 2);
+    let span = collector
+        .wait_for(|spans| {
+            (spans.iter())
+                .find(|span| span.trace_id() == trace && span.span.name == "floodgate.rlqs.report")
+                .cloned()
+        })
+        .await;
+    assert_eq!(
+        span.attribute("ratelimit.domain").as_deref(),
+        Some("traces")
+    );
+    assert_eq!(
+        span.attribute("ratelimit.descriptors").as_deref(),
+        Some("2")
+    );
+    assert_eq!(span.attribute("ratelimit.outcome").as_deref(), Some("OK"));
+}

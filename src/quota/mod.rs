@@ -33,12 +33,15 @@ use crate::proto::envoy::service::rate_limit_quota::v3::rate_limit_quota_usage_r
 use crate::proto::envoy::service::rate_limit_quota::v3::{
     BucketId, RateLimitQuotaResponse, RateLimitQuotaUsageReports,
 };
-use crate::metrics::Strategy as Assigned;
+use crate::metrics::{Code, Strategy as Assigned};
 use crate::service::RateLimiter;
 use crate::service::quota::{BucketQuota, DEMAND_WINDOW};
 use assign::{Assignment, Demand, FIRST_INTERVAL};
 
 pub use crate::proto::envoy::service::rate_limit_quota::v3::rate_limit_quota_service_server::RateLimitQuotaServiceServer;
+
+/// The name of a report's span.
+const REPORT_SPAN: &str = "floodgate.rlqs.report";
 
 /// A bucket as the server keys it: its entries, sorted.
 type BucketKey = Vec<(String, String)>;
@@ -71,6 +74,7 @@ impl RateLimitQuotaService for QuotaService {
         self.limiter.metrics().quota().stream_opened();
         let stream = QuotaStream {
             limiter: self.limiter.clone(),
+            headers: request.metadata().clone().into_headers(),
             domain: None,
             buckets: HashMap::new(),
         };
@@ -85,6 +89,8 @@ impl RateLimitQuotaService for QuotaService {
 /// One data plane's stream: its domain, and the descriptor each of its buckets matched.
 struct QuotaStream {
     limiter: Arc<RateLimiter>,
+    /// The stream's request headers: each report's span continues the trace they carry.
+    headers: http::HeaderMap,
     domain: Option<String>,
     /// Each bucket reported, with its entries in rule order once a rule matched them.
     buckets: HashMap<BucketKey, Option<Vec<(String, String)>>>,
@@ -109,7 +115,7 @@ impl QuotaStream {
                 }
             };
             let answer = match report {
-                Ok(Some(report)) => self.answer(report).await,
+                Ok(Some(report)) => self.traced_answer(report).await,
                 // The data plane ended the stream, or its connection broke.
                 Ok(None) | Err(_) => break,
             };
@@ -127,6 +133,30 @@ impl QuotaStream {
             }
         }
         (self.limiter.metrics().quota()).stream_closed(self.buckets.len());
+    }
+
+    /// [`QuotaStream::answer`], traced as a span `floodgate.rlqs.report` when tracing is
+    /// on: the domain, the buckets reported, and whether the report was refused.
+    async fn traced_answer(
+        &mut self,
+        report: RateLimitQuotaUsageReports,
+    ) -> Result<RateLimitQuotaResponse, Status> {
+        let limiter = self.limiter.clone();
+        let Some(telemetry) = limiter.telemetry() else {
+            return self.answer(report).await;
+        };
+        let domain = match report.domain.as_str() {
+            "" => self.domain.clone().unwrap_or_default(),
+            domain => domain.to_owned(),
+        };
+        let buckets = report.bucket_quota_usages.len();
+        let span = telemetry.decision(REPORT_SPAN, &self.headers, &domain, buckets);
+        let answer = self.answer(report).await;
+        span.finish(match answer {
+            Ok(_) => Code::Ok,
+            Err(_) => Code::InvalidArgument,
+        });
+        answer
     }
 
     /// The actions for one report's buckets, in the report's order.
