@@ -41,9 +41,8 @@ pub enum BucketQuota {
 
 impl RateLimiter {
     /// The order of `entries` (a bucket's, which has none of its own) that is a path of
-    /// `domain`'s rules, with the rule it leads to; `None` when no order is. The given order
-    /// is tried first, then the sorted one, then (up to [`ORDERS_TRIED_UP_TO`] entries)
-    /// every other.
+    /// `domain`'s rules ending at a rule; `None` when no order is. The given order is tried
+    /// first, then the sorted one, then (up to [`ORDERS_TRIED_UP_TO`] entries) every other.
     pub fn bucket_descriptor(
         &self,
         domain: &str,
@@ -51,15 +50,16 @@ impl RateLimiter {
     ) -> Option<Vec<(String, String)>> {
         let rules = self.rules();
         let domain = rules.domain(domain)?;
+        let matches = |order: &Vec<(String, String)>| matched_rule(domain, order).is_some();
         let mut sorted = entries.to_vec();
         sorted.sort();
-        let mut orders = vec![entries.to_vec(), sorted];
-        if entries.len() <= ORDERS_TRIED_UP_TO {
-            orders.extend(permutations(entries));
+        if let Some(order) = [entries.to_vec(), sorted].into_iter().find(matches) {
+            return Some(order);
         }
-        orders
-            .into_iter()
-            .find(|order| matched_rule(domain, order).is_some())
+        if entries.len() > ORDERS_TRIED_UP_TO {
+            return None;
+        }
+        permutations(entries).into_iter().find(matches)
     }
 
     /// Charges `allowed` requests (already let through by a data plane) to the counters of
