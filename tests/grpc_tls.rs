@@ -52,6 +52,17 @@ async fn tls_client(
     certificates: &Certificates,
     identity: Option<Pair>,
 ) -> Result<RateLimitServiceClient<tonic::transport::Channel>, tonic::transport::Error> {
+    Ok(RateLimitServiceClient::new(
+        tls_channel(server, certificates, identity).await?,
+    ))
+}
+
+/// A channel to `server` over TLS, trusting `certificates`' CA, presenting `identity`.
+async fn tls_channel(
+    server: &Floodgate,
+    certificates: &Certificates,
+    identity: Option<Pair>,
+) -> Result<tonic::transport::Channel, tonic::transport::Error> {
     let ca = std::fs::read(certificates.ca()).expect("the CA");
     let mut tls = ClientTlsConfig::new()
         .ca_certificate(Certificate::from_pem(ca))
@@ -60,11 +71,10 @@ async fn tls_client(
         let read = |path| std::fs::read(path).expect("a certificate file");
         tls = tls.identity(Identity::from_pem(read(&pair.cert), read(&pair.key)));
     }
-    let channel = Endpoint::from_shared(format!("https://{}", server.grpc_addr))?
+    Endpoint::from_shared(format!("https://{}", server.grpc_addr))?
         .tls_config(tls)?
         .connect()
-        .await?;
-    Ok(RateLimitServiceClient::new(channel))
+        .await
 }
 
 /// The first two answers for one user: OK, then OK, then over limit.
@@ -226,8 +236,13 @@ fn serve_on(prefix: &[&str], socket: &Path, rules: &tempfile::TempDir) -> std::p
 
 /// A client of the server on the Unix socket `socket`.
 async fn unix_client(socket: &Path) -> RateLimitServiceClient<tonic::transport::Channel> {
+    RateLimitServiceClient::new(unix_channel(socket).await)
+}
+
+/// A channel to the server on the Unix socket `socket`.
+async fn unix_channel(socket: &Path) -> tonic::transport::Channel {
     let path = socket.to_owned();
-    let channel = Endpoint::from_static("http://unix.socket")
+    Endpoint::from_static("http://unix.socket")
         .connect_with_connector(tower::service_fn(move |_: http::Uri| {
             let path = path.clone();
             async move {
@@ -236,8 +251,54 @@ async fn unix_client(socket: &Path) -> RateLimitServiceClient<tonic::transport::
             }
         }))
         .await
-        .expect("a connection over the socket");
-    RateLimitServiceClient::new(channel)
+        .expect("a connection over the socket")
+}
+
+/// One RLQS report of one bucket over `channel`: the answer holds its one action.
+async fn quota_stream_answers(channel: tonic::transport::Channel) {
+    use floodgate::proto::envoy::service::rate_limit_quota::v3::rate_limit_quota_service_client::RateLimitQuotaServiceClient;
+    use floodgate::proto::envoy::service::rate_limit_quota::v3::rate_limit_quota_usage_reports::BucketQuotaUsage;
+    use floodgate::proto::envoy::service::rate_limit_quota::v3::{
+        BucketId, RateLimitQuotaUsageReports,
+    };
+    let report = RateLimitQuotaUsageReports {
+        domain: "tls".into(),
+        bucket_quota_usages: vec![BucketQuotaUsage {
+            bucket_id: Some(BucketId {
+                bucket: [("user".to_owned(), "quota".to_owned())].into(),
+            }),
+            ..Default::default()
+        }],
+    };
+    let mut answers = RateLimitQuotaServiceClient::new(channel)
+        .stream_rate_limit_quotas(futures_util::stream::iter(vec![report]))
+        .await
+        .expect("the stream opens")
+        .into_inner();
+    let answer = answers.message().await.expect("an answer");
+    assert_eq!(answer.expect("not the end").bucket_action.len(), 1);
+}
+
+/// The Rate Limit Quota Service is served wherever ShouldRateLimit is: over mutual TLS and
+/// on a Unix socket.
+#[tokio::test]
+async fn rlqs_streams_are_served_over_mutual_tls_and_on_a_unix_socket() {
+    let certificates = Certificates::generate();
+    let ca = text(&certificates.ca());
+    let server = start_tls(
+        &certificates,
+        &[("FLOODGATE_GRPC_TLS__CLIENT_CA_FILE", ca.as_str())],
+    );
+    let identity = Some(certificates.client());
+    let channel = tls_channel(&server, &certificates, identity)
+        .await
+        .expect("mutual TLS");
+    quota_stream_answers(channel).await;
+
+    let dir = tempfile::tempdir().expect("a directory for the socket");
+    let socket = dir.path().join("floodgate.sock");
+    let _on_socket = OnSocket::start(&socket);
+    quota_stream_answers(unix_channel(&socket).await).await;
 }
 
 #[tokio::test]
