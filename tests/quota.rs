@@ -271,6 +271,15 @@ async fn a_report_the_protocol_forbids_ends_the_stream_with_invalid_argument() {
         assert!(refused.message().contains(message), "{refused:?}");
     }
     assert_eq!(server.metric("floodgate_rlqs_refused_reports_total"), 3.0);
+    // Counts at the top of their range are taken as they are, never overflowed.
+    let mut stream = Stream::open(&server).await;
+    let huge = BucketQuotaUsage {
+        num_requests_denied: u64::MAX,
+        ..usage(&[("user", "huge")], u64::MAX, 1)
+    };
+    let answer = stream.report("quota", vec![huge]).await.expect("an answer");
+    let (strategy, _) = assignment(&answer);
+    assert!(is_blanket(&strategy, BlanketRule::DenyAll), "{strategy:?}");
     // The server still answers.
     let mut stream = Stream::open(&server).await;
     assert!(

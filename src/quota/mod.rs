@@ -221,7 +221,7 @@ impl QuotaStream {
             .and_then(|elapsed| Duration::try_from(*elapsed).ok())
             .filter(|elapsed| !elapsed.is_zero());
         let interval = elapsed.unwrap_or(FIRST_INTERVAL);
-        let requests = usage.num_requests_allowed + usage.num_requests_denied;
+        let requests = (usage.num_requests_allowed).saturating_add(usage.num_requests_denied);
         let quota = match &descriptor {
             Some(entries) => {
                 (self.limiter)
