@@ -159,6 +159,7 @@ async fn two_envoys_on_two_replicas_share_one_limit_of_100_a_minute() {
             .sum()
     });
     let bound = 2 * 18 + 2 * 5;
+    eprintln!("two Envoys let {allowed} through in the minute (bound {bound})");
     assert!(
         (90..=100 + bound).contains(&allowed),
         "{allowed} let through in the minute: 100 a minute, overshoot bound {bound}"

@@ -47,15 +47,8 @@ pub fn example_config(floodgate: SocketAddr, app: SocketAddr, on_failure: OnFail
         OnFailure::Allow => "false",
         OnFailure::Deny => "true",
     };
-    let mut config = EXAMPLE_CONFIG.to_owned();
+    let mut config = on_ports(EXAMPLE_CONFIG, floodgate, app);
     for (from, to) in [
-        ("port_value: 9901", "port_value: 0".to_owned()),
-        ("port_value: 10000", "port_value: 0".to_owned()),
-        (
-            "port_value: 8081",
-            format!("port_value: {}", floodgate.port()),
-        ),
-        ("port_value: 8000", format!("port_value: {}", app.port())),
         ("timeout: 0.02s", "timeout: 2s".to_owned()),
         (
             "failure_mode_deny: false",
@@ -67,9 +60,10 @@ pub fn example_config(floodgate: SocketAddr, app: SocketAddr, on_failure: OnFail
     config
 }
 
-/// The RLQS example pointed at this test's floodgate and application, on free ports.
-pub fn rlqs_config(floodgate: SocketAddr, app: SocketAddr) -> String {
-    let mut config = RLQS_CONFIG.to_owned();
+/// An example configuration with its four ports changed: Envoy's listener and admin to 0
+/// (free ones), floodgate's and the application's to those given.
+fn on_ports(example: &str, floodgate: SocketAddr, app: SocketAddr) -> String {
+    let mut config = example.to_owned();
     for (from, to) in [
         ("port_value: 9901", "port_value: 0".to_owned()),
         ("port_value: 10000", "port_value: 0".to_owned()),
@@ -82,6 +76,11 @@ pub fn rlqs_config(floodgate: SocketAddr, app: SocketAddr) -> String {
         config = replace_once(&config, from, &to);
     }
     config
+}
+
+/// The RLQS example pointed at this test's floodgate and application, on free ports.
+pub fn rlqs_config(floodgate: SocketAddr, app: SocketAddr) -> String {
+    on_ports(RLQS_CONFIG, floodgate, app)
 }
 
 /// `config` with its `floodgate` cluster over TLS: Envoy checks floodgate's certificate
