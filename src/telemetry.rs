@@ -196,10 +196,17 @@ impl DecisionSpan {
 
     /// Ends the span with the decision's `outcome`.
     pub fn finish(self, outcome: Code) {
+        let failed = matches!(outcome, Code::InvalidArgument | Code::Unavailable);
+        self.finish_as(outcome.name(), failed);
+    }
+
+    /// Ends the span with an `outcome` named in full (a gRPC status code's name), marked as
+    /// an error when the call `failed`.
+    pub fn finish_as(self, outcome: &'static str, failed: bool) {
         let span = self.cx.span();
-        span.set_attribute(KeyValue::new("ratelimit.outcome", outcome.name()));
-        if matches!(outcome, Code::InvalidArgument | Code::Unavailable) {
-            span.set_status(Status::error(outcome.name()));
+        span.set_attribute(KeyValue::new("ratelimit.outcome", outcome));
+        if failed {
+            span.set_status(Status::error(outcome));
         }
         span.end();
     }

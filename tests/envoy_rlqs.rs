@@ -108,6 +108,44 @@ async fn an_exhausted_limit_is_denied_by_envoy_until_it_resets() {
     );
 }
 
+/// A bucket no rule matches ends Envoy's stream with NOT_FOUND, after the report's other
+/// buckets are answered: Envoy keeps those assignments, reopens the stream at its next
+/// report, and applies its own `no_assignment_behavior` (here: let through) to the bucket
+/// floodgate does not limit.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bucket_no_rule_matches_is_left_to_envoy_and_the_others_keep_their_assignments() {
+    let rules = RLQS_RULES.1.replace(
+        "  - key: user\n    rate_limit: {unit: minute, requests_per_unit: 100}",
+        "  - key: user\n    value: bob\n    rate_limit: {unit: hour, requests_per_unit: 5}",
+    );
+    assert_ne!(rules, RLQS_RULES.1, "the example's rule changed");
+    let server = Floodgate::start(&[(RLQS_RULES.0, rules.as_str())], &[]);
+    for _ in 0..5 {
+        let body =
+            r#"{"domain":"rlqs_demo","descriptors":[{"entries":[{"key":"user","value":"bob"}]}]}"#;
+        assert_eq!(server.http("POST", "/json", body).0, 200);
+    }
+    let app = App::start();
+    let envoy = Envoy::start(&rlqs_config(server.grpc_addr, app.addr));
+    assert_eq!(envoy.get("/", &[("x-user", "mallory")]).status, 200);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while envoy.get("/", &[("x-user", "bob")]).status != 429 {
+        assert!(
+            Instant::now() < deadline,
+            "bob never denied\n{}",
+            envoy.log()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    for _ in 0..10 {
+        assert_eq!(envoy.get("/", &[("x-user", "bob")]).status, 429);
+        assert_eq!(envoy.get("/", &[("x-user", "mallory")]).status, 200);
+    }
+    let refused = r#"floodgate_rlqs_refused_reports_total{code="NOT_FOUND"}"#;
+    assert!(server.metric(refused) >= 2.0, "{}", server.metric(refused));
+    assert!(server.metric("floodgate_rlqs_streams_opened_total") >= 2.0);
+}
+
 /// The issue's target: two Envoys, each reporting to its own floodgate, two floodgates on
 /// one Redis, one user limited to 100 a minute (the example's rule), hammered together for
 /// one whole minute window: what both let through is at least 90 (the quota is not

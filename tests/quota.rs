@@ -188,29 +188,97 @@ async fn a_bucket_matches_its_rule_whatever_the_order_of_its_entries() {
     assert_eq!(server.ask(ask).await.overall_code, OVER_LIMIT);
 }
 
+/// A bucket no rule matches is refused with NOT_FOUND, which ends the stream: after the
+/// report's other buckets are answered, so they keep their assignments. The data plane
+/// reports again on a new stream, which finds rules added since.
 #[tokio::test]
-async fn a_bucket_no_rule_matches_is_allowed_as_should_rate_limit_would() {
-    let server = Floodgate::start(&[("quota.yaml", RULES)], &[]);
+async fn buckets_no_rule_matches_end_the_stream_with_not_found_after_the_rest_is_answered() {
+    let server = Floodgate::start(
+        &[("quota.yaml", RULES)],
+        &["--rules-reload-interval-ms", "100"],
+    );
+    let mut elsewhere = Stream::open(&server).await;
+    let refused = (elsewhere.report("elsewhere", vec![usage(&[("user", "x")], 100, 0)]))
+        .await
+        .expect_err("refused");
+    assert_eq!(refused.code(), tonic::Code::NotFound, "{refused:?}");
+    assert!(
+        refused
+            .message()
+            .contains("domain \"elsewhere\" has no rules"),
+        "{refused:?}"
+    );
+
     let mut stream = Stream::open(&server).await;
-    for (domain, entries) in [("quota", [("nobody", "x")]), ("elsewhere", [("user", "x")])] {
-        let mut stream_for = Stream::open(&server).await;
-        let answer = stream_for
-            .report(domain, vec![usage(&entries, 100, 0)])
-            .await;
-        let (strategy, ttl) = assignment(&answer.expect("an answer"));
-        assert!(
-            is_blanket(&strategy, BlanketRule::AllowAll),
-            "{domain}: {strategy:?}"
-        );
-        assert!(ttl > Duration::ZERO, "{ttl:?}");
-    }
-    // A stream's later reports may leave the domain out.
-    let first = stream
-        .report("quota", vec![usage(&[("nobody", "x")], 0, 0)])
+    let long = "v".repeat(10_000);
+    let report = vec![
+        usage(&[("user", "bob")], 3, 0),
+        usage(&[("nobody", "x")], 100, 0),
+        usage(&[("plan", "free")], 100, 0),
+        usage(&[("nobody", &long)], 100, 0),
+        usage(&[("tenant", "acme"), ("plan", "gold")], 100, 0),
+    ];
+    let answered = stream.report("quota", report).await.expect("an answer");
+    let (strategy, _) = assignment(&answered);
+    assert!(matches!(strategy, Strategy::TokenBucket(_)), "{strategy:?}");
+    assert_eq!(
+        answered.bucket_action[0].bucket_id,
+        Some(bucket(&[("user", "bob")]))
+    );
+    let refused = (stream.answers.message().await).expect_err("the stream ends");
+    assert_eq!(refused.code(), tonic::Code::NotFound, "{refused:?}");
+    assert_eq!(
+        refused.message(),
+        "no rule of domain \"quota\" matches bucket_quota_usages[1] {nobody=x}, \
+         bucket_quota_usages[2] {plan=free}, bucket_quota_usages[3] \
+         {nobody=vvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvv…} and 1 more"
+    );
+    assert_eq!(
+        server.metric("floodgate_rlqs_refused_reports_total{code=\"NOT_FOUND\"}"),
+        2.0
+    );
+    assert_eq!(server.metric("floodgate_rlqs_streams"), 0.0);
+    // The matched bucket's usage was charged; the others charged nothing.
+    let rls = server
+        .ask(request("quota", vec![descriptor(&[("user", "bob")])]))
         .await;
-    assert!(first.is_ok());
+    assert_eq!(
+        rls.statuses[0].limit_remaining, 6,
+        "3 charged, then this one"
+    );
+
+    // A rule added since is found by the next stream's report.
+    let with_nobody =
+        format!("{RULES}  - key: nobody\n    rate_limit: {{unit: hour, requests_per_unit: 1}}\n");
+    std::fs::write(server.rules_dir.path().join("quota.yaml"), with_nobody).expect("a write");
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let mut again = Stream::open(&server).await;
+        match again
+            .report("quota", vec![usage(&[("nobody", "x")], 0, 0)])
+            .await
+        {
+            Ok(answer) => {
+                let (strategy, _) = assignment(&answer);
+                assert!(matches!(strategy, Strategy::TokenBucket(_)), "{strategy:?}");
+                break;
+            }
+            Err(refused) => assert!(
+                tokio::time::Instant::now() < deadline,
+                "still refused: {refused:?}"
+            ),
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+
+    // A stream's later reports may leave the domain out.
+    let mut stream = Stream::open(&server).await;
+    let first = stream
+        .report("quota", vec![usage(&[("user", "carol")], 0, 0)])
+        .await;
+    assert!(first.is_ok(), "{first:?}");
     let later = stream
-        .report("", vec![usage(&[("user", "bob")], 0, 1000)])
+        .report("", vec![usage(&[("user", "dave")], 0, 1000)])
         .await;
     let (strategy, _) = assignment(&later.expect("an answer"));
     assert!(matches!(strategy, Strategy::TokenBucket(_)), "{strategy:?}");
@@ -260,7 +328,7 @@ async fn a_report_the_protocol_forbids_ends_the_stream_with_invalid_argument() {
         ),
         (
             "quota",
-            vec![usage(&[("user", "a")], 0, 0), usage(&[("user", "")], 0, 0)],
+            vec![usage(&[("user", "a")], 5, 0), usage(&[("user", "")], 0, 0)],
             "bucket_quota_usages[1]: a bucket_id entry with an empty name or value",
         ),
     ];
@@ -270,7 +338,13 @@ async fn a_report_the_protocol_forbids_ends_the_stream_with_invalid_argument() {
         assert_eq!(refused.code(), tonic::Code::InvalidArgument, "{refused:?}");
         assert!(refused.message().contains(message), "{refused:?}");
     }
-    assert_eq!(server.metric("floodgate_rlqs_refused_reports_total"), 3.0);
+    assert_eq!(
+        server.metric("floodgate_rlqs_refused_reports_total{code=\"INVALID_ARGUMENT\"}"),
+        3.0
+    );
+    // A refused report charged nothing, not even its buckets before the bad one.
+    let rls = (server.ask(request("quota", vec![descriptor(&[("user", "a")])]))).await;
+    assert_eq!(rls.statuses[0].limit_remaining, 9);
     // Counts at the top of their range are taken as they are, never overflowed.
     let mut stream = Stream::open(&server).await;
     let huge = BucketQuotaUsage {

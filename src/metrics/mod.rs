@@ -23,7 +23,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 pub use exposition::CONTENT_TYPE;
-pub use quota::{QuotaStats, Strategy};
+pub use quota::{QuotaStats, Refusal, Strategy};
 pub use rule_stats::MAX_REQUEST_LABELLED_SERIES;
 
 use exposition::{Exposition, Kind};

@@ -26,6 +26,27 @@ impl Strategy {
     }
 }
 
+/// Why a report was refused, ending its stream.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Refusal {
+    /// The protocol forbids the report (gRPC INVALID_ARGUMENT); nothing was charged.
+    Forbidden,
+    /// No rule matches some of its buckets (gRPC NOT_FOUND); the others were answered.
+    Unmatched,
+}
+
+impl Refusal {
+    const ALL: [Refusal; 2] = [Refusal::Forbidden, Refusal::Unmatched];
+
+    /// The gRPC status code the stream ends with.
+    pub fn code_name(self) -> &'static str {
+        match self {
+            Refusal::Forbidden => "INVALID_ARGUMENT",
+            Refusal::Unmatched => "NOT_FOUND",
+        }
+    }
+}
+
 /// Counted by `crate::quota` as streams come and go.
 #[derive(Debug, Default)]
 pub struct QuotaStats {
@@ -35,7 +56,7 @@ pub struct QuotaStats {
     reports: Counter,
     assignments: [Counter; Strategy::ALL.len()],
     abandoned: Counter,
-    refused: Counter,
+    refused: [Counter; Refusal::ALL.len()],
 }
 
 impl QuotaStats {
@@ -67,9 +88,9 @@ impl QuotaStats {
         self.abandoned.add(1);
     }
 
-    /// A report the protocol forbids, which ended its stream.
-    pub fn refused(&self) {
-        self.refused.add(1);
+    /// A report refused, which ended its stream.
+    pub fn refused(&self, why: Refusal) {
+        self.refused[why as usize].add(1);
     }
 
     pub(super) fn render(&self, page: &mut Exposition) {
@@ -88,11 +109,6 @@ impl QuotaStats {
                 "floodgate_rlqs_abandoned_total",
                 "Buckets abandoned because their rule went away.",
                 self.abandoned.get(),
-            ),
-            (
-                "floodgate_rlqs_refused_reports_total",
-                "RLQS reports the protocol forbids (INVALID_ARGUMENT, the stream ended).",
-                self.refused.get(),
             ),
         ];
         for (name, help, value) in counters {
@@ -114,6 +130,14 @@ impl QuotaStats {
         for (name, help, value) in gauges {
             page.family(name, Kind::Gauge, help);
             page.sample(name, &[], value);
+        }
+        let name = "floodgate_rlqs_refused_reports_total";
+        let help = "RLQS reports refused, ending their stream, by gRPC status: INVALID_ARGUMENT \
+                    (the protocol forbids it), NOT_FOUND (no rule matches some of its buckets).";
+        page.family(name, Kind::Counter, help);
+        for why in Refusal::ALL {
+            let count = self.refused[why as usize].get();
+            page.sample(name, &[("code", why.code_name())], count);
         }
         let name = "floodgate_rlqs_assignments_total";
         page.family(name, Kind::Counter, "RLQS assignments sent, by strategy.");

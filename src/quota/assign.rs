@@ -63,7 +63,7 @@ pub enum Assignment {
 /// when the backend could not count (the instance keeps its assignment until it expires,
 /// then applies its own `expired_assignment_behavior`).
 pub fn assign(quota: &BucketQuota, interval: Duration, demand: Demand) -> Option<Assignment> {
-    let ttl = interval * TTL_INTERVALS;
+    let ttl = whole_seconds(interval * TTL_INTERVALS);
     match quota {
         BucketQuota::NoRule | BucketQuota::Unlimited => Some(Assignment::AllowAll { ttl }),
         BucketQuota::Failed(_) => None,
@@ -72,7 +72,7 @@ pub fn assign(quota: &BucketQuota, interval: Duration, demand: Demand) -> Option
             reset_micros,
             ..
         } => Some(Assignment::DenyAll {
-            ttl: Duration::from_micros((*reset_micros).max(1_000)),
+            ttl: whole_seconds(Duration::from_micros(*reset_micros)),
         }),
         BucketQuota::Counted {
             remaining,
@@ -84,6 +84,14 @@ pub fn assign(quota: &BucketQuota, interval: Duration, demand: Demand) -> Option
             Some(token_bucket(rate, interval, ttl))
         }
     }
+}
+
+/// `duration` rounded up to whole seconds, at least one: Envoy 1.40 reads only the
+/// seconds of an assignment's time to live, so a `DENY_ALL` 0.3 s from its reset would
+/// expire at once, and 4.5 s would be 4.
+fn whole_seconds(duration: Duration) -> Duration {
+    let seconds = duration.as_secs() + u64::from(duration.subsec_nanos() > 0);
+    Duration::from_secs(seconds.max(1))
 }
 
 /// A token bucket that admits `rate` requests a second, holding one `interval`'s worth.
@@ -186,6 +194,32 @@ mod tests {
                 ttl: Duration::from_secs(12)
             })
         );
+    }
+
+    #[test]
+    fn times_to_live_are_whole_seconds_rounded_up() {
+        let deny_ttl = |reset_micros| match assign(
+            &BucketQuota::Counted {
+                limit: Limit::per(100, Unit::Minute),
+                remaining: 0,
+                reset_micros,
+                demand: 0,
+            },
+            Duration::from_secs(5),
+            ALONE,
+        ) {
+            Some(Assignment::DenyAll { ttl }) => ttl,
+            other => panic!("a DENY_ALL: {other:?}"),
+        };
+        assert_eq!(deny_ttl(300_000), Duration::from_secs(1));
+        assert_eq!(deny_ttl(12_400_000), Duration::from_secs(13));
+        assert_eq!(deny_ttl(0), Duration::from_secs(1));
+        let Some(Assignment::TokenBucket { ttl, .. }) =
+            assign(&counted(60, 30), Duration::from_millis(1_500), ALONE)
+        else {
+            panic!("a token bucket");
+        };
+        assert_eq!(ttl, Duration::from_secs(5), "3 × 1.5 s, rounded up");
     }
 
     #[test]

@@ -6,15 +6,17 @@
 //! that domain (its entries, which have no order, put in the order of a path of the rule
 //! tree), its allowed requests are charged to the counters `ShouldRateLimit` uses, so both
 //! kinds of client share one limit, and what is left becomes the bucket's assignment
-//! (`assign.rs`). A bucket whose rule disappeared (a reload, an xDS update) is abandoned; a
-//! report the protocol forbids ends the stream with INVALID_ARGUMENT; shutdown ends every
-//! stream with UNAVAILABLE, so data planes reconnect to another replica.
+//! (`assign.rs`). A bucket whose rule disappeared (a reload, an xDS update) is abandoned. A
+//! report the protocol forbids ends the stream with INVALID_ARGUMENT, and charges nothing; a
+//! bucket no rule matches ends it with NOT_FOUND, once the report's other buckets are
+//! answered (the data plane keeps their assignments, and reports again on a new stream).
+//! Shutdown ends every stream with UNAVAILABLE, so data planes reconnect to another replica.
 
 pub mod assign;
 
 use std::collections::HashMap;
 use std::pin::Pin;
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use futures_util::Stream;
@@ -33,9 +35,11 @@ use crate::proto::envoy::service::rate_limit_quota::v3::rate_limit_quota_usage_r
 use crate::proto::envoy::service::rate_limit_quota::v3::{
     BucketId, RateLimitQuotaResponse, RateLimitQuotaUsageReports,
 };
-use crate::metrics::{Code, Strategy as Assigned};
+use crate::backend::BackendError;
+use crate::metrics::{Code, Refusal, Strategy as Assigned};
+use crate::rules::RuleSet;
 use crate::service::RateLimiter;
-use crate::service::quota::{BucketQuota, DEMAND_WINDOW};
+use crate::service::quota::{BucketQuota, BucketUsage, DEMAND_WINDOW, bucket_descriptor};
 use assign::{Assignment, Demand, FIRST_INTERVAL};
 
 pub use crate::proto::envoy::service::rate_limit_quota::v3::rate_limit_quota_service_server::RateLimitQuotaServiceServer;
@@ -77,6 +81,7 @@ impl RateLimitQuotaService for QuotaService {
             headers: request.metadata().clone().into_headers(),
             domain: None,
             buckets: HashMap::new(),
+            matched_under: Weak::new(),
         };
         tokio::spawn(stream.run(request.into_inner(), answers, self.stopped.clone()));
         let answers = futures_util::stream::unfold(receiver, |mut receiver| async move {
@@ -92,13 +97,45 @@ struct QuotaStream {
     /// The stream's request headers: each report's span continues the trace they carry.
     headers: http::HeaderMap,
     domain: Option<String>,
-    /// Each bucket reported, with its entries in rule order once a rule matched them.
+    /// Each bucket that matched a rule, with its entries in that rule's order (the
+    /// descriptor it is charged on), or `None` once the rules changed: then it is matched
+    /// again at its next report.
     buckets: HashMap<BucketKey, Option<Vec<(String, String)>>>,
+    /// The rules the descriptors in `buckets` were found under.
+    matched_under: Weak<RuleSet>,
+}
+
+/// What one report gets back: the actions for its buckets, in its order (none: no message),
+/// then, when the report is refused in whole or in part, the status that ends the stream.
+#[derive(Default)]
+struct Reply {
+    actions: Vec<BucketAction>,
+    refusal: Option<(Refusal, Status)>,
+}
+
+impl Reply {
+    /// A report the protocol forbids: no action, INVALID_ARGUMENT.
+    fn forbidden(status: Status) -> Self {
+        Reply {
+            actions: Vec::new(),
+            refusal: Some((Refusal::Forbidden, status)),
+        }
+    }
+}
+
+/// How a report's bucket is answered.
+enum Verdict {
+    /// Charged on this descriptor, then assigned what is left.
+    Charge(Vec<(String, String)>),
+    /// Its rule went away since it last matched.
+    Abandon,
+    /// No rule matches it, nor ever did on this stream.
+    Unmatched,
 }
 
 impl QuotaStream {
     /// Answers each report in turn until the data plane ends the stream, breaks a rule of
-    /// the protocol, or the server stops.
+    /// the protocol, reports a bucket no rule matches, or the server stops.
     async fn run(
         mut self,
         mut reports: Streaming<RateLimitQuotaUsageReports>,
@@ -114,21 +151,23 @@ impl QuotaStream {
                     break;
                 }
             };
-            let answer = match report {
+            let reply = match report {
                 Ok(Some(report)) => self.traced_answer(report).await,
                 // The data plane ended the stream, or its connection broke.
                 Ok(None) | Err(_) => break,
             };
-            if matches!(&answer, Ok(response) if response.bucket_action.is_empty()) {
-                // Nothing to change (the backend could not count): no message.
-                continue;
+            // Nothing to change (the backend could not count): no message.
+            if !reply.actions.is_empty() {
+                let response = RateLimitQuotaResponse {
+                    bucket_action: reply.actions,
+                };
+                if answers.send(Ok(response)).await.is_err() {
+                    break;
+                }
             }
-            let refused = answer.is_err();
-            if refused {
-                self.limiter.metrics().quota().refused();
-            }
-            // A refusal ends the stream; so does a data plane that is gone.
-            if answers.send(answer).await.is_err() || refused {
+            if let Some((why, refusal)) = reply.refusal {
+                self.limiter.metrics().quota().refused(why);
+                let _ = answers.send(Err(refusal)).await;
                 break;
             }
         }
@@ -137,10 +176,7 @@ impl QuotaStream {
 
     /// [`QuotaStream::answer`], traced as a span `floodgate.rlqs.report` when tracing is
     /// on: the domain, the buckets reported, and whether the report was refused.
-    async fn traced_answer(
-        &mut self,
-        report: RateLimitQuotaUsageReports,
-    ) -> Result<RateLimitQuotaResponse, Status> {
+    async fn traced_answer(&mut self, report: RateLimitQuotaUsageReports) -> Reply {
         let limiter = self.limiter.clone();
         let Some(telemetry) = limiter.telemetry() else {
             return self.answer(report).await;
@@ -151,85 +187,143 @@ impl QuotaStream {
         };
         let buckets = report.bucket_quota_usages.len();
         let span = telemetry.decision(REPORT_SPAN, &self.headers, &domain, buckets);
-        let answer = self.answer(report).await;
-        span.finish(match answer {
-            Ok(_) => Code::Ok,
-            Err(_) => Code::InvalidArgument,
-        });
-        answer
+        let reply = self.answer(report).await;
+        match &reply.refusal {
+            None => span.finish(Code::Ok),
+            Some((why, _)) => span.finish_as(why.code_name(), true),
+        }
+        reply
     }
 
-    /// The actions for one report's buckets, in the report's order.
-    async fn answer(
-        &mut self,
-        report: RateLimitQuotaUsageReports,
-    ) -> Result<RateLimitQuotaResponse, Status> {
-        let domain = match (&self.domain, report.domain.as_str()) {
-            (None, "") => {
-                return Err(Status::invalid_argument(
-                    "the stream's first report names no domain",
-                ));
-            }
-            (None, domain) => self.domain.insert(domain.to_owned()).clone(),
-            (Some(known), "") => known.clone(),
-            (Some(known), domain) if known == domain => known.clone(),
-            (Some(known), domain) => {
-                return Err(Status::invalid_argument(format!(
-                    "the stream reports for domain {known:?}; {domain:?} needs a stream of its own"
-                )));
-            }
+    /// The actions for one report's buckets, and whether the report is refused: nothing is
+    /// charged for a report the protocol forbids; the buckets a rule matches are answered
+    /// before buckets no rule matches end the stream.
+    async fn answer(&mut self, report: RateLimitQuotaUsageReports) -> Reply {
+        let domain = match self.report_domain(&report.domain) {
+            Ok(domain) => domain,
+            Err(refusal) => return Reply::forbidden(refusal),
         };
         self.limiter.metrics().quota().report();
-        let mut actions = Vec::with_capacity(report.bucket_quota_usages.len());
-        for (index, usage) in report.bucket_quota_usages.into_iter().enumerate() {
-            let key = bucket_key(&usage).map_err(|why| {
-                Status::invalid_argument(format!("bucket_quota_usages[{index}]: {why}"))
-            })?;
-            if let Some(action) = self.bucket_action(&domain, key, usage).await {
-                actions.push(action);
-            }
+        let keys = match bucket_keys(&report.bucket_quota_usages) {
+            Ok(keys) => keys,
+            Err(refusal) => return Reply::forbidden(refusal),
+        };
+        let rules = self.limiter.rules();
+        self.match_under(&rules);
+        let verdicts: Vec<Verdict> = (keys.iter())
+            .map(|key| self.verdict(&rules, &domain, key))
+            .collect();
+        let usages = report.bucket_quota_usages;
+        let charged = self.charge(&rules, &domain, &verdicts, &usages).await;
+        let mut charged = charged.into_iter();
+        let mut reply = Reply::default();
+        let mut unmatched = Vec::new();
+        for (index, ((key, usage), verdict)) in
+            keys.into_iter().zip(usages).zip(verdicts).enumerate()
+        {
+            let action = match verdict {
+                Verdict::Charge(descriptor) => {
+                    let missing =
+                        || BucketQuota::Failed(BackendError::Protocol("uncharged".into()));
+                    let quota = charged.next().unwrap_or_else(missing);
+                    self.assigned(key, descriptor, &usage, quota)
+                }
+                Verdict::Abandon => Some(self.abandoned(&key)),
+                Verdict::Unmatched => {
+                    unmatched.push((index, key));
+                    None
+                }
+            };
+            reply.actions.extend(action.map(|action| BucketAction {
+                bucket_id: usage.bucket_id,
+                bucket_action: Some(action),
+            }));
         }
-        Ok(RateLimitQuotaResponse {
-            bucket_action: actions,
-        })
+        if !unmatched.is_empty() {
+            let known = rules.domain(&domain).is_some();
+            let refusal = unmatched_refusal(&domain, known, &unmatched);
+            reply.refusal = Some((Refusal::Unmatched, refusal));
+        }
+        reply
     }
 
-    /// Charges one bucket's usage and decides its action; `None` leaves the data plane's
-    /// assignment as it is (the backend could not count).
-    async fn bucket_action(
-        &mut self,
-        domain: &str,
-        key: BucketKey,
-        usage: BucketQuotaUsage,
-    ) -> Option<BucketAction> {
-        let bucket_id = usage.bucket_id.clone();
-        let matched_before = self.buckets.get(&key).is_some_and(Option::is_some);
-        let descriptor = self.limiter.bucket_descriptor(domain, &key);
-        if descriptor.is_none() && matched_before {
-            // Its rule is gone: the data plane forgets the bucket, and starts it anew
-            // (unassigned) with its next request into it.
-            self.buckets.remove(&key);
-            let stats = self.limiter.metrics().quota();
-            stats.buckets_changed(-1);
-            stats.abandoned();
-            return Some(BucketAction {
-                bucket_id,
-                bucket_action: Some(Action::AbandonAction(AbandonAction {})),
-            });
+    /// The stream's domain, as the report names it (or leaves it to the first report).
+    fn report_domain(&mut self, named: &str) -> Result<String, Status> {
+        match (&self.domain, named) {
+            (None, "") => Err(Status::invalid_argument(
+                "the stream's first report names no domain",
+            )),
+            (None, domain) => Ok(self.domain.insert(domain.to_owned()).clone()),
+            (Some(known), "") => Ok(known.clone()),
+            (Some(known), domain) if known == domain => Ok(known.clone()),
+            (Some(known), domain) => Err(Status::invalid_argument(format!(
+                "the stream reports for domain {known:?}; {domain:?} needs a stream of its own"
+            ))),
         }
+    }
+
+    /// Makes `rules` the ones the buckets are matched under: when they changed, each bucket
+    /// is matched again at its next report.
+    fn match_under(&mut self, rules: &Arc<RuleSet>) {
+        if !Weak::ptr_eq(&self.matched_under, &Arc::downgrade(rules)) {
+            self.matched_under = Arc::downgrade(rules);
+            (self.buckets.values_mut()).for_each(|descriptor| *descriptor = None);
+        }
+    }
+
+    /// How the bucket `key` is answered under `rules`: matched again only when the rules
+    /// changed since it last matched, or it never did.
+    fn verdict(&self, rules: &RuleSet, domain: &str, key: &BucketKey) -> Verdict {
+        if let Some(Some(descriptor)) = self.buckets.get(key) {
+            return Verdict::Charge(descriptor.clone());
+        }
+        match (
+            bucket_descriptor(rules, domain, key),
+            self.buckets.contains_key(key),
+        ) {
+            (Some(descriptor), _) => Verdict::Charge(descriptor),
+            (None, true) => Verdict::Abandon,
+            (None, false) => Verdict::Unmatched,
+        }
+    }
+
+    /// Charges the usage of the buckets to charge, in one batch; what is left of each, in
+    /// their order.
+    async fn charge(
+        &self,
+        rules: &RuleSet,
+        domain: &str,
+        verdicts: &[Verdict],
+        usages: &[BucketQuotaUsage],
+    ) -> Vec<BucketQuota> {
+        let charges: Vec<BucketUsage<'_>> = (verdicts.iter().zip(usages))
+            .filter_map(|(verdict, usage)| match verdict {
+                Verdict::Charge(entries) => Some(BucketUsage {
+                    entries,
+                    allowed: usage.num_requests_allowed,
+                    requests: (usage.num_requests_allowed)
+                        .saturating_add(usage.num_requests_denied),
+                }),
+                _ => None,
+            })
+            .collect();
+        self.limiter.charge_buckets(rules, domain, &charges).await
+    }
+
+    /// The assignment for a charged bucket, which the stream now holds; `None` leaves the
+    /// data plane's assignment as it is (the backend could not count).
+    fn assigned(
+        &mut self,
+        key: BucketKey,
+        descriptor: Vec<(String, String)>,
+        usage: &BucketQuotaUsage,
+        quota: BucketQuota,
+    ) -> Option<Action> {
         let elapsed = (usage.time_elapsed.as_ref())
             .and_then(|elapsed| Duration::try_from(*elapsed).ok())
             .filter(|elapsed| !elapsed.is_zero());
         let interval = elapsed.unwrap_or(FIRST_INTERVAL);
         let requests = (usage.num_requests_allowed).saturating_add(usage.num_requests_denied);
-        let quota = match &descriptor {
-            Some(entries) => {
-                (self.limiter)
-                    .charge_bucket(domain, entries, usage.num_requests_allowed, requests)
-                    .await
-            }
-            None => BucketQuota::NoRule,
-        };
         let demand = match &quota {
             BucketQuota::Counted { demand, .. } => Demand {
                 this: requests as f64 / interval.as_secs_f64(),
@@ -237,7 +331,7 @@ impl QuotaStream {
             },
             _ => Demand::default(),
         };
-        if self.buckets.insert(key, descriptor).is_none() {
+        if self.buckets.insert(key, Some(descriptor)).is_none() {
             self.limiter.metrics().quota().buckets_changed(1);
         }
         let assignment = assign::assign(&quota, interval, demand)?;
@@ -246,16 +340,75 @@ impl QuotaStream {
             Assignment::DenyAll { .. } => Assigned::DenyAll,
             Assignment::AllowAll { .. } => Assigned::AllowAll,
         });
-        Some(BucketAction {
-            bucket_id,
-            bucket_action: Some(Action::QuotaAssignmentAction(assignment_action(assignment))),
-        })
+        Some(Action::QuotaAssignmentAction(assignment_action(assignment)))
     }
+
+    /// Forgets the bucket `key`, whose rule is gone: the data plane forgets it too, and
+    /// starts it anew (unassigned) with its next request into it.
+    fn abandoned(&mut self, key: &BucketKey) -> Action {
+        self.buckets.remove(key);
+        let stats = self.limiter.metrics().quota();
+        stats.buckets_changed(-1);
+        stats.abandoned();
+        Action::AbandonAction(AbandonAction {})
+    }
+}
+
+/// Buckets a refusal names in full; the others are counted.
+const UNMATCHED_NAMED: usize = 3;
+/// The characters of a bucket entry's value a refusal quotes.
+const VALUE_QUOTED: usize = 64;
+
+/// NOT_FOUND for a report's buckets (`index`, entries) no rule of `domain` matches: they
+/// stay with the data plane's own `no_assignment_behavior`, and the data plane sees why
+/// when the stream ends (it reports again on a new stream, so new rules are found then).
+fn unmatched_refusal(domain: &str, known: bool, unmatched: &[(usize, BucketKey)]) -> Status {
+    if !known {
+        return Status::not_found(format!(
+            "domain {domain:?} has no rules here: none of its buckets is limited"
+        ));
+    }
+    let named: Vec<String> = (unmatched.iter().take(UNMATCHED_NAMED))
+        .map(|(index, key)| format!("bucket_quota_usages[{index}] {}", describe(key)))
+        .collect();
+    let others = match unmatched.len() - named.len() {
+        0 => String::new(),
+        more => format!(" and {more} more"),
+    };
+    Status::not_found(format!(
+        "no rule of domain {domain:?} matches {}{others}",
+        named.join(", ")
+    ))
+}
+
+/// A bucket's entries as a refusal quotes them: `{name=value, …}`, long values cut.
+fn describe(key: &BucketKey) -> String {
+    let entries: Vec<String> = (key.iter())
+        .map(|(name, value)| {
+            let name: String = name.chars().take(VALUE_QUOTED).collect();
+            let cut: String = value.chars().take(VALUE_QUOTED).collect();
+            let ellipsis = if cut.len() < value.len() { "…" } else { "" };
+            format!("{name}={cut}{ellipsis}")
+        })
+        .collect();
+    format!("{{{}}}", entries.join(", "))
 }
 
 /// Resolves once `stopped` turns true (or its sender is gone).
 async fn stopping(stopped: &mut watch::Receiver<bool>) {
     let _ = stopped.wait_for(|stop| *stop).await;
+}
+
+/// Each usage's bucket as the server keys it, or INVALID_ARGUMENT naming the first that
+/// cannot be one.
+fn bucket_keys(usages: &[BucketQuotaUsage]) -> Result<Vec<BucketKey>, Status> {
+    (usages.iter().enumerate())
+        .map(|(index, usage)| {
+            bucket_key(usage).map_err(|why| {
+                Status::invalid_argument(format!("bucket_quota_usages[{index}]: {why}"))
+            })
+        })
+        .collect()
 }
 
 /// A usage's bucket as the server keys it; why it cannot be one.

@@ -5,10 +5,13 @@
 use std::borrow::Cow;
 use std::time::Duration;
 
+use futures_util::StreamExt;
+use tokio::time::Instant;
+
 use super::RateLimiter;
 use crate::backend::{BackendError, CounterHit, OnReject};
-use crate::limiter::{Algorithm, CounterKey, Hits, Limit, Unit};
-use crate::rules::{Domain, Match, Policy};
+use crate::limiter::{Algorithm, CounterKey, Decision, Hits, Limit, Unit};
+use crate::rules::{Domain, Match, NamedLimit, Policy, RuleSet};
 
 /// How far back a bucket's demand is counted, across every replica: two of Envoy's 5 s
 /// report intervals, so that every instance that reports the bucket is in it.
@@ -39,104 +42,192 @@ pub enum BucketQuota {
     Failed(BackendError),
 }
 
+/// One bucket's report, to charge: its entries in rule order (see
+/// [`bucket_descriptor`]), the requests the data plane let through, and every
+/// request it was asked (allowed and denied).
+#[derive(Debug, Clone, Copy)]
+pub struct BucketUsage<'a> {
+    pub entries: &'a [(String, String)],
+    pub allowed: u64,
+    pub requests: u64,
+}
+
+/// Buckets charged in one backend call: a call of some hundred counter hits, so that one
+/// report of thousands of buckets costs a few dozen round trips, and no call holds Redis
+/// longer than a request of many descriptors would.
+const BUCKETS_PER_CALL: usize = 128;
+
+/// Backend calls out at once for one report: a report of many buckets goes over several
+/// connections, without taking them all from `ShouldRateLimit`.
+const CALLS_AT_ONCE: usize = 4;
+
+/// How long a report's calls may wait for their turn on a connection (each call, once sent,
+/// still has the command timeout). A data plane reports every few seconds and waits for no
+/// answer, so a large report on a busy or cold Redis is better late than uncounted.
+const REPORT_DEADLINE: Duration = Duration::from_secs(1);
+
+/// The order of `entries` (a bucket's, which has none of its own) that is a path of
+/// `domain`'s rules in `rules` ending at a rule; `None` when no order is. The given
+/// order is tried first, then the sorted one, then (up to [`ORDERS_TRIED_UP_TO`]
+/// entries) every other.
+pub fn bucket_descriptor(
+    rules: &RuleSet,
+    domain: &str,
+    entries: &[(String, String)],
+) -> Option<Vec<(String, String)>> {
+    let domain = rules.domain(domain)?;
+    let matches = |order: &Vec<(String, String)>| matched_rule(domain, order).is_some();
+    let mut sorted = entries.to_vec();
+    sorted.sort();
+    if let Some(order) = [entries.to_vec(), sorted].into_iter().find(matches) {
+        return Some(order);
+    }
+    if entries.len() > ORDERS_TRIED_UP_TO {
+        return None;
+    }
+    permutations(entries).into_iter().find(matches)
+}
+
 impl RateLimiter {
-    /// The order of `entries` (a bucket's, which has none of its own) that is a path of
-    /// `domain`'s rules ending at a rule; `None` when no order is. The given order is tried
-    /// first, then the sorted one, then (up to [`ORDERS_TRIED_UP_TO`] entries) every other.
-    pub fn bucket_descriptor(
+    /// Charges each bucket's `allowed` requests (already let through by a data plane) to
+    /// the counters of the rule its entries match in `domain` of `rules`, counted in full
+    /// even past the limit, and adds its `requests` to the bucket's demand; answers what is
+    /// left of each, in the order of `usages`. [`BUCKETS_PER_CALL`] buckets go in one
+    /// backend call, [`CALLS_AT_ONCE`] calls at a time.
+    pub async fn charge_buckets(
         &self,
+        rules: &RuleSet,
         domain: &str,
-        entries: &[(String, String)],
-    ) -> Option<Vec<(String, String)>> {
-        let rules = self.rules();
-        let domain = rules.domain(domain)?;
-        let matches = |order: &Vec<(String, String)>| matched_rule(domain, order).is_some();
-        let mut sorted = entries.to_vec();
-        sorted.sort();
-        if let Some(order) = [entries.to_vec(), sorted].into_iter().find(matches) {
-            return Some(order);
-        }
-        if entries.len() > ORDERS_TRIED_UP_TO {
-            return None;
-        }
-        permutations(entries).into_iter().find(matches)
+        usages: &[BucketUsage<'_>],
+    ) -> Vec<BucketQuota> {
+        let Some(domain_rules) = rules.domain(domain) else {
+            return vec![BucketQuota::NoRule; usages.len()];
+        };
+        let deadline = Instant::now() + REPORT_DEADLINE;
+        // Made here, not in the stream: a stream mapping a closure over borrowed chunks
+        // trips the compiler's proof that the task is `Send`.
+        let calls: Vec<_> = usages
+            .chunks(BUCKETS_PER_CALL)
+            .map(|chunk| self.charge_together(domain_rules, domain, chunk, deadline))
+            .collect();
+        let charged: Vec<Vec<BucketQuota>> = futures_util::stream::iter(calls)
+            .buffered(CALLS_AT_ONCE)
+            .collect()
+            .await;
+        charged.into_iter().flatten().collect()
     }
 
-    /// Charges `allowed` requests (already let through by a data plane) to the counters of
-    /// the rule `entries` (in rule order, see [`RateLimiter::bucket_descriptor`]) matches in
-    /// `domain`, counted in full even past the limit, and adds `requests` (allowed and
-    /// denied) to the bucket's demand, in the same backend call; answers what is left.
-    pub async fn charge_bucket(
+    /// [`RateLimiter::charge_buckets`] for buckets charged in one backend call, answered by
+    /// `deadline`.
+    async fn charge_together(
         &self,
+        rules: &Domain,
         domain: &str,
-        entries: &[(String, String)],
-        allowed: u64,
-        requests: u64,
-    ) -> BucketQuota {
-        let rules = self.rules();
-        let Some(found) = rules.domain(domain).and_then(|d| matched_rule(d, entries)) else {
-            return BucketQuota::NoRule;
-        };
-        let Policy::Limited(limits) = &found.rule.policy else {
-            return BucketQuota::Unlimited;
-        };
-        let hits: Vec<CounterHit<'_>> = (limits.iter().enumerate())
-            .map(|(index, named)| CounterHit {
-                key: CounterKey::new(
-                    domain,
-                    found.rule.id.as_str(),
-                    index,
-                    &named.limit,
-                    found.entries.iter().copied(),
-                ),
-                // Usage already let through: counted whatever the count, as an overshoot.
-                limit: Cow::Owned(Limit {
-                    overshoot: true,
-                    ..named.limit.clone()
-                }),
-                hits: Hits::take(allowed),
-                binding: false,
-            })
-            .chain(std::iter::once(demand_hit(domain, &found, requests)))
-            .collect();
-        let answers = self.backend().hit_all(&hits, OnReject::Consume, None).await;
-        let mut results = answers.results;
-        let demand = match results.pop() {
-            Some(Ok(decision)) => u64::from(u32::MAX).saturating_sub(decision.remaining),
-            Some(Err(error)) => return BucketQuota::Failed(error),
-            None => 0,
-        };
-        let mut tightest: Option<BucketQuota> = None;
-        for (hit, result) in hits.iter().zip(results) {
-            let decision = match result {
-                Ok(decision) => decision,
-                Err(error) => return BucketQuota::Failed(error),
-            };
-            let remaining = if decision.allowed {
-                decision.remaining
-            } else {
-                0
-            };
-            let tighter = match &tightest {
-                Some(BucketQuota::Counted {
-                    remaining: least, ..
-                }) => remaining < *least,
-                _ => true,
-            };
-            if tighter {
-                tightest = Some(BucketQuota::Counted {
-                    limit: Limit {
-                        overshoot: false,
-                        ..hit.limit.clone().into_owned()
-                    },
-                    remaining,
-                    reset_micros: decision.reset_micros,
-                    demand,
-                });
+        usages: &[BucketUsage<'_>],
+        deadline: Instant,
+    ) -> Vec<BucketQuota> {
+        // Each bucket's hits: its rule's limits, then its demand.
+        let mut hits: Vec<CounterHit<'static>> = Vec::new();
+        let mut quotas = Vec::with_capacity(usages.len());
+        let mut spans = Vec::with_capacity(usages.len());
+        for usage in usages {
+            let first = hits.len();
+            match matched_rule(rules, usage.entries) {
+                None => quotas.push(Some(BucketQuota::NoRule)),
+                Some(found) => match &found.rule.policy {
+                    Policy::Limited(limits) => {
+                        hits.extend(charge_hits(domain, &found, limits, usage.allowed));
+                        hits.push(demand_hit(domain, &found, usage.requests));
+                        quotas.push(None);
+                    }
+                    _ => quotas.push(Some(BucketQuota::Unlimited)),
+                },
             }
+            spans.push(first..hits.len());
         }
-        tightest.unwrap_or(BucketQuota::Unlimited)
+        if hits.is_empty() {
+            return quotas.into_iter().flatten().collect();
+        }
+        let backend = self.backend();
+        let answers = backend
+            .hit_all(&hits, OnReject::Consume, Some(deadline))
+            .await;
+        (quotas.into_iter().zip(spans))
+            .map(|(quota, span)| {
+                quota.unwrap_or_else(|| what_is_left(&hits[span.clone()], &answers.results[span]))
+            })
+            .collect()
     }
+}
+
+/// The hits that charge `allowed` requests to each of `limits`, the limits of the rule
+/// `found`: usage already let through, so counted whatever the count, as an overshoot.
+fn charge_hits<'a>(
+    domain: &str,
+    found: &Match<'_>,
+    limits: &[NamedLimit],
+    allowed: u64,
+) -> impl Iterator<Item = CounterHit<'a>> {
+    (limits.iter().enumerate()).map(move |(index, named)| CounterHit {
+        key: CounterKey::new(
+            domain,
+            found.rule.id.as_str(),
+            index,
+            &named.limit,
+            found.entries.iter().copied(),
+        ),
+        limit: Cow::Owned(Limit {
+            overshoot: true,
+            ..named.limit.clone()
+        }),
+        hits: Hits::take(allowed),
+        binding: false,
+    })
+}
+
+/// What is left of one bucket's limit from the answers to its `hits` (its limits', then its
+/// demand's): the tightest limit, with the demand counted.
+fn what_is_left(
+    hits: &[CounterHit<'_>],
+    results: &[Result<Decision, BackendError>],
+) -> BucketQuota {
+    let Some((demand, limits)) = results.split_last() else {
+        return BucketQuota::Unlimited;
+    };
+    let demand = match demand {
+        Ok(decision) => u64::from(u32::MAX).saturating_sub(decision.remaining),
+        Err(error) => return BucketQuota::Failed(error.clone()),
+    };
+    let mut tightest: Option<BucketQuota> = None;
+    for (hit, result) in hits.iter().zip(limits) {
+        let decision = match result {
+            Ok(decision) => decision,
+            Err(error) => return BucketQuota::Failed(error.clone()),
+        };
+        let remaining = if decision.allowed {
+            decision.remaining
+        } else {
+            0
+        };
+        let tighter = match &tightest {
+            Some(BucketQuota::Counted {
+                remaining: least, ..
+            }) => remaining < *least,
+            _ => true,
+        };
+        if tighter {
+            tightest = Some(BucketQuota::Counted {
+                limit: Limit {
+                    overshoot: false,
+                    ..hit.limit.clone().into_owned()
+                },
+                remaining,
+                reset_micros: decision.reset_micros,
+                demand,
+            });
+        }
+    }
+    tightest.unwrap_or(BucketQuota::Unlimited)
 }
 
 /// The hit that adds `requests` to the demand of the bucket `found` counts: a sliding
