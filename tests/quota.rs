@@ -18,6 +18,8 @@ use floodgate::proto::envoy::service::rate_limit_quota::v3::{
 };
 use harness::{Floodgate, OK, OVER_LIMIT, descriptor, request};
 use redis_harness::RedisServer;
+use redis_harness::cluster::RedisCluster;
+use redis_harness::sentinel::{MASTER, Sentinels};
 use tokio::sync::mpsc;
 use tonic::Streaming;
 
@@ -316,6 +318,36 @@ async fn a_bucket_whose_rule_is_removed_is_abandoned() {
     assert_eq!(server.metric("floodgate_rlqs_buckets"), 0.0);
 }
 
+/// A bucket whose rule changes (its limit lowered by a reload) is matched again, and
+/// assigned from the new limit at its next report on the same stream.
+#[tokio::test]
+async fn a_bucket_whose_rule_changes_is_assigned_from_the_new_rule() {
+    let server = Floodgate::start(
+        &[("quota.yaml", RULES)],
+        &["--rules-reload-interval-ms", "100"],
+    );
+    let mut stream = Stream::open(&server).await;
+    let erin = [("user", "erin")];
+    let first = stream.report("quota", vec![usage(&erin, 3, 0)]).await;
+    let (strategy, _) = assignment(&first.expect("an answer"));
+    assert!(matches!(strategy, Strategy::TokenBucket(_)), "{strategy:?}");
+    let lowered = RULES.replace("requests_per_unit: 10}", "requests_per_unit: 2}");
+    std::fs::write(server.rules_dir.path().join("quota.yaml"), lowered).expect("a write");
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let answer = stream.report("quota", vec![usage(&erin, 3, 100)]).await;
+        let (strategy, _) = assignment(&answer.expect("an answer"));
+        if is_blanket(&strategy, BlanketRule::DenyAll) {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "never assigned from 2 an hour: {strategy:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
 #[tokio::test]
 async fn a_report_the_protocol_forbids_ends_the_stream_with_invalid_argument() {
     let server = Floodgate::start(&[("quota.yaml", RULES)], &[]);
@@ -364,23 +396,44 @@ async fn a_report_the_protocol_forbids_ends_the_stream_with_invalid_argument() {
     );
 }
 
-#[tokio::test]
+/// 10,000 buckets in one report, on a real Redis: charged together, in calls of many
+/// buckets, and each answered in the report's order with its own bucket's quota.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ten_thousand_buckets_on_one_stream_are_each_answered() {
-    let server = Floodgate::start(&[("quota.yaml", RULES)], &[]);
+    let redis = RedisServer::start();
+    let server = Floodgate::start(
+        &[("quota.yaml", RULES)],
+        &["--backend", "redis", "--redis-url", &redis.url()],
+    );
     let mut stream = Stream::open(&server).await;
     let names: Vec<String> = (0..10_000).map(|i| format!("user-{i}")).collect();
-    let usages = (names.iter())
-        .map(|name| usage(&[("user", name.as_str())], 1, 0))
+    // User i let through i mod 11 requests: every call's buckets differ.
+    let allowed = |i: usize| (i % 11) as u64;
+    let usages = (names.iter().enumerate())
+        .map(|(i, name)| usage(&[("user", name.as_str())], allowed(i), 0))
         .collect();
     let answer = stream.report("quota", usages).await.expect("an answer");
     assert_eq!(answer.bucket_action.len(), 10_000);
-    let rls = server
-        .ask(request("quota", vec![descriptor(&[("user", "user-9999")])]))
-        .await;
-    assert_eq!(
-        rls.statuses[0].limit_remaining, 8,
-        "its 1 charged, then this one"
-    );
+    for (i, action) in answer.bucket_action.iter().enumerate() {
+        assert_eq!(action.bucket_id, Some(bucket(&[("user", &names[i])])));
+        let Some(Action::QuotaAssignmentAction(assigned)) = &action.bucket_action else {
+            panic!("bucket {i}: {action:?}");
+        };
+        let strategy = assigned.rate_limit_strategy.and_then(|s| s.strategy);
+        // 10 an hour: those that let 10 or more through are denied, the others not.
+        let denied = matches!(strategy, Some(s) if is_blanket(&s, BlanketRule::DenyAll));
+        assert_eq!(denied, allowed(i) >= 10, "bucket {i}: {strategy:?}");
+    }
+    for i in [0, 4_999, 5_003, 9_999] {
+        let rls = (server.ask(request("quota", vec![descriptor(&[("user", &names[i])])]))).await;
+        let expected = 10u64.saturating_sub(allowed(i) + 1);
+        assert_eq!(
+            u64::from(rls.statuses[0].limit_remaining),
+            expected,
+            "user {i}: {} charged, then this one",
+            allowed(i)
+        );
+    }
 }
 
 /// A data plane that leaves in the middle of a report (10,000 buckets being charged) costs
@@ -459,42 +512,72 @@ fn rate(answer: &RateLimitQuotaResponse) -> f64 {
 /// the demand another instance reported to another floodgate on the same Redis.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn instances_on_different_replicas_share_the_quota_by_demand() {
+    let redis = RedisServer::start();
+    shared_by_demand(&["--backend", "redis", "--redis-url", &redis.url()]).await;
+}
+
+/// The same on a Redis Cluster, where a bucket's counter and its demand live on whichever
+/// nodes their keys hash to.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replicas_on_a_redis_cluster_share_the_quota_by_demand() {
+    let cluster = RedisCluster::start();
+    shared_by_demand(&[
+        "--backend",
+        "redis-cluster",
+        "--redis-url",
+        &cluster.seeds(),
+    ])
+    .await;
+}
+
+/// The same through Redis Sentinel, on the primary the sentinels name.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replicas_through_sentinel_share_the_quota_by_demand() {
+    let sentinels = Sentinels::start();
+    let urls = sentinels.urls();
+    let flags = ["--backend", "redis-sentinel", "--redis-url", &urls];
+    shared_by_demand(&[&flags[..], &["--redis-sentinel-master", MASTER]].concat()).await;
+}
+
+/// Two replicas started with `backend` flags: an instance reporting to one of them is
+/// given its share against the demand another instance reported to the other, and the
+/// usage both report is the count ShouldRateLimit answers from on either.
+async fn shared_by_demand(backend: &[&str]) {
     const BIG: &str = "
 domain: quota
 descriptors:
   - key: user
     rate_limit: {unit: hour, requests_per_unit: 36000}
 ";
-    let redis = RedisServer::start();
     let replica = || {
         Floodgate::start_with_env(
             &[("quota.yaml", BIG)],
-            &["--backend", "redis", "--redis-url", &redis.url()],
+            backend,
             &[("FLOODGATE_REDIS_COMMAND_TIMEOUT_MS", "2000")],
         )
     };
     let (one, two) = (replica(), replica());
-    let denied = |entries: &[(&str, &str)], denied: u64| BucketQuotaUsage {
+    let reported = |entries: &[(&str, &str)], allowed: u64, denied: u64| BucketQuotaUsage {
         num_requests_denied: denied,
-        ..usage(entries, 0, 5000)
+        ..usage(entries, allowed, 5000)
     };
     // Alone, an instance asking 20 a second gets the quota left spread over the hour left.
     let mut alone = Stream::open(&two).await;
     let control = rate(
         &alone
-            .report("quota", vec![denied(&[("user", "solo")], 100)])
+            .report("quota", vec![reported(&[("user", "solo")], 0, 100)])
             .await
             .expect("an answer"),
     );
     // With another instance on the other replica asking 180 a second, a fifth of that.
     let mut busy = Stream::open(&one).await;
-    busy.report("quota", vec![denied(&[("user", "shared")], 900)])
+    busy.report("quota", vec![reported(&[("user", "shared")], 600, 300)])
         .await
         .expect("an answer");
     let mut modest = Stream::open(&two).await;
     let shared = rate(
         &modest
-            .report("quota", vec![denied(&[("user", "shared")], 100)])
+            .report("quota", vec![reported(&[("user", "shared")], 100, 0)])
             .await
             .expect("an answer"),
     );
@@ -503,4 +586,13 @@ descriptors:
         (0.15..0.3).contains(&ratio),
         "{shared} a second shared against {control} alone: the other replica's demand counts"
     );
+    // Both instances' allowed requests are one count, whichever replica is asked.
+    for server in [&one, &two] {
+        let rls = (server.ask(request("quota", vec![descriptor(&[("user", "shared")])]))).await;
+        let remaining = rls.statuses[0].limit_remaining;
+        assert!(
+            (36_000 - 700 - 2..=36_000 - 700 - 1).contains(&remaining),
+            "remaining {remaining}: 700 charged, then this request (and the other's)"
+        );
+    }
 }
