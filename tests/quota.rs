@@ -508,6 +508,42 @@ fn rate(answer: &RateLimitQuotaResponse) -> f64 {
     f64::from(bucket.tokens_per_fill.expect("tokens per fill").value) / fill
 }
 
+/// A stream that goes away returns its share: its demand leaves the bucket's demand
+/// window (10 s, sliding), and the instance left is given the whole quota again.
+#[tokio::test]
+async fn a_departed_instances_share_returns_to_the_others() {
+    const BIG: &str = "
+domain: quota
+descriptors:
+  - key: user
+    rate_limit: {unit: hour, requests_per_unit: 36000}
+";
+    let server = Floodgate::start(&[("quota.yaml", BIG)], &[]);
+    let asked = |denied: u64, elapsed_ms: u64| BucketQuotaUsage {
+        num_requests_denied: denied,
+        ..usage(&[("user", "shared")], 0, elapsed_ms)
+    };
+    let mut busy = Stream::open(&server).await;
+    (busy.report("quota", vec![asked(900, 5000)]).await).expect("an answer");
+    let mut modest = Stream::open(&server).await;
+    let answer = modest.report("quota", vec![asked(100, 5000)]).await;
+    let shared = rate(&answer.expect("an answer"));
+    drop(busy);
+    let started = tokio::time::Instant::now();
+    loop {
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let answer = modest.report("quota", vec![asked(20, 1000)]).await;
+        let alone = rate(&answer.expect("an answer"));
+        if alone > 4.0 * shared {
+            break;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "{alone} a second, {shared} while shared: the departed demand still counts"
+        );
+    }
+}
+
 /// Demand is shared across replicas: an instance on one floodgate gets its share against
 /// the demand another instance reported to another floodgate on the same Redis.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
