@@ -52,9 +52,9 @@ pub struct BucketUsage<'a> {
     pub requests: u64,
 }
 
-/// Buckets charged in one backend call: a call of some hundred counter hits, so that one
-/// report of thousands of buckets costs a few dozen round trips, and no call holds Redis
-/// longer than a request of many descriptors would.
+/// Buckets charged in one backend call (each bucket is its rule's limits and its demand,
+/// two hits or more): a report of 10,000 buckets is some eighty calls, and no call holds
+/// Redis much longer than a request of many descriptors would.
 const BUCKETS_PER_CALL: usize = 128;
 
 /// Backend calls out at once for one report: a report of many buckets goes over several
