@@ -508,6 +508,94 @@ fn rate(answer: &RateLimitQuotaResponse) -> f64 {
     f64::from(bucket.tokens_per_fill.expect("tokens per fill").value) / fill
 }
 
+/// What each bucket of `answer` was told, by the value of its one entry: its strategy,
+/// or `None` for an abandoned bucket.
+fn strategies(answer: &RateLimitQuotaResponse) -> HashMap<String, Option<Strategy>> {
+    (answer.bucket_action.iter())
+        .map(|action| {
+            let id = action.bucket_id.as_ref().expect("a bucket id");
+            let value = id.bucket.values().next().expect("an entry").clone();
+            let strategy = match &action.bucket_action {
+                Some(Action::QuotaAssignmentAction(assigned)) => {
+                    assigned.rate_limit_strategy.and_then(|s| s.strategy)
+                }
+                _ => None,
+            };
+            (value, strategy)
+        })
+        .collect()
+}
+
+/// A shadow-mode rule is counted but never enforced: over its limit it is still
+/// `ALLOW_ALL`. With the backend gone, each bucket gets its rule's `on_backend_error`:
+/// `fail_open` `ALLOW_ALL`, `fail_closed` `DENY_ALL`, `local` an assignment counted in
+/// process, and `error` nothing (the data plane's assignment runs out, then its
+/// `expired_assignment_behavior` applies).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shadow_mode_never_denies_and_a_dead_backend_gets_each_rules_policy() {
+    const POLICIES: &str = "
+domain: policies
+descriptors:
+  - key: rule
+    value: shadow
+    rate_limit: {unit: hour, requests_per_unit: 5}
+    shadow_mode: true
+  - key: rule
+    value: enforced
+    rate_limit: {unit: hour, requests_per_unit: 5}
+  - key: rule
+    value: open
+    rate_limit: {unit: hour, requests_per_unit: 5}
+    on_backend_error: fail_open
+  - key: rule
+    value: closed
+    rate_limit: {unit: hour, requests_per_unit: 5}
+    on_backend_error: fail_closed
+  - key: rule
+    value: local
+    rate_limit: {unit: hour, requests_per_unit: 5}
+    on_backend_error: local
+  - key: rule
+    value: error
+    rate_limit: {unit: hour, requests_per_unit: 5}
+";
+    let redis = RedisServer::start();
+    let server = Floodgate::start(
+        &[("policies.yaml", POLICIES)],
+        &["--backend", "redis", "--redis-url", &redis.url()],
+    );
+    let mut stream = Stream::open(&server).await;
+    let rule = |value: &str, allowed: u64| usage(&[("rule", value)], allowed, 1000);
+    let answer = (stream.report("policies", vec![rule("shadow", 10), rule("enforced", 10)]))
+        .await
+        .expect("an answer");
+    let told = strategies(&answer);
+    let allow_all = |strategy: &Option<Strategy>| matches!(strategy, Some(s) if is_blanket(s, BlanketRule::AllowAll));
+    let deny_all = |strategy: &Option<Strategy>| matches!(strategy, Some(s) if is_blanket(s, BlanketRule::DenyAll));
+    assert!(allow_all(&told["shadow"]), "{told:?}");
+    assert!(deny_all(&told["enforced"]), "{told:?}");
+
+    drop(redis);
+    let report = ["open", "closed", "local", "error"].map(|value| rule(value, 2));
+    let answer = (stream.report("policies", report.to_vec()))
+        .await
+        .expect("an answer");
+    let told = strategies(&answer);
+    assert!(allow_all(&told["open"]), "{told:?}");
+    assert!(deny_all(&told["closed"]), "{told:?}");
+    assert!(
+        matches!(told["local"], Some(Strategy::TokenBucket(_))),
+        "{told:?}"
+    );
+    assert!(!told.contains_key("error"), "{told:?}");
+    // The local policy counts in process: 2 and then 4 more are over 5.
+    let answer = (stream.report("policies", vec![rule("local", 4)]))
+        .await
+        .expect("an answer");
+    let told = strategies(&answer);
+    assert!(deny_all(&told["local"]), "{told:?}");
+}
+
 /// A stream that goes away returns its share: its demand leaves the bucket's demand
 /// window (10 s, sliding), and the instance left is given the whole quota again.
 #[tokio::test]

@@ -13,6 +13,7 @@
 
 use std::time::Duration;
 
+use crate::rules::OnBackendError;
 use crate::service::quota::BucketQuota;
 
 /// The reporting interval assumed for a bucket's first report, which has no elapsed time:
@@ -65,8 +66,16 @@ pub enum Assignment {
 pub fn assign(quota: &BucketQuota, interval: Duration, demand: Demand) -> Option<Assignment> {
     let ttl = whole_seconds(interval * TTL_INTERVALS);
     match quota {
-        BucketQuota::NoRule | BucketQuota::Unlimited => Some(Assignment::AllowAll { ttl }),
-        BucketQuota::Failed(_) => None,
+        BucketQuota::NoRule | BucketQuota::Unlimited | BucketQuota::Shadowed => {
+            Some(Assignment::AllowAll { ttl })
+        }
+        // The rule's `on_backend_error`, as ShouldRateLimit would answer: `error` leaves the
+        // data plane's assignment to run out (then its `expired_assignment_behavior`).
+        BucketQuota::Failed { policy, .. } => match policy {
+            OnBackendError::FailOpen => Some(Assignment::AllowAll { ttl }),
+            OnBackendError::FailClosed => Some(Assignment::DenyAll { ttl }),
+            OnBackendError::Error | OnBackendError::Local => None,
+        },
         BucketQuota::Counted {
             remaining: 0,
             reset_micros,
@@ -223,7 +232,7 @@ mod tests {
     }
 
     #[test]
-    fn no_rule_allows_and_a_failed_backend_changes_nothing() {
+    fn no_rule_allows_and_a_failed_backend_follows_the_rules_policy() {
         let interval = Duration::from_secs(5);
         assert_eq!(
             assign(&BucketQuota::NoRule, interval, ALONE),
@@ -231,7 +240,22 @@ mod tests {
                 ttl: Duration::from_secs(15)
             })
         );
-        let failed = BucketQuota::Failed(BackendError::Timeout(Duration::from_millis(15)));
-        assert_eq!(assign(&failed, interval, ALONE), None);
+        let failed = |policy| BucketQuota::Failed {
+            error: BackendError::Timeout(Duration::from_millis(15)),
+            policy,
+        };
+        assert_eq!(
+            assign(&failed(OnBackendError::Error), interval, ALONE),
+            None
+        );
+        let ttl = Duration::from_secs(15);
+        assert_eq!(
+            assign(&failed(OnBackendError::FailOpen), interval, ALONE),
+            Some(Assignment::AllowAll { ttl })
+        );
+        assert_eq!(
+            assign(&failed(OnBackendError::FailClosed), interval, ALONE),
+            Some(Assignment::DenyAll { ttl })
+        );
     }
 }

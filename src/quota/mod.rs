@@ -37,7 +37,7 @@ use crate::proto::envoy::service::rate_limit_quota::v3::{
 };
 use crate::backend::BackendError;
 use crate::metrics::{Code, Refusal, Strategy as Assigned};
-use crate::rules::RuleSet;
+use crate::rules::{OnBackendError, RuleSet};
 use crate::service::RateLimiter;
 use crate::service::quota::{BucketQuota, BucketUsage, DEMAND_WINDOW, bucket_descriptor};
 use assign::{Assignment, Demand, FIRST_INTERVAL};
@@ -223,8 +223,10 @@ impl QuotaStream {
         {
             let action = match verdict {
                 Verdict::Charge(descriptor) => {
-                    let missing =
-                        || BucketQuota::Failed(BackendError::Protocol("uncharged".into()));
+                    let missing = || BucketQuota::Failed {
+                        error: BackendError::Protocol("uncharged".into()),
+                        policy: OnBackendError::Error,
+                    };
                     let quota = charged.next().unwrap_or_else(missing);
                     self.assigned(key, descriptor, &usage, quota)
                 }

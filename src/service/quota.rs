@@ -11,7 +11,7 @@ use tokio::time::Instant;
 use super::RateLimiter;
 use crate::backend::{BackendError, CounterHit, OnReject};
 use crate::limiter::{Algorithm, CounterKey, Decision, Hits, Limit, Unit};
-use crate::rules::{Domain, Match, NamedLimit, Policy, RuleSet};
+use crate::rules::{Domain, Match, NamedLimit, OnBackendError, Policy, RuleSet};
 
 /// How far back a bucket's demand is counted, across every replica: two of Envoy's 5 s
 /// report intervals, so that every instance that reports the bucket is in it.
@@ -29,6 +29,8 @@ pub enum BucketQuota {
     NoRule,
     /// `unlimited: true`.
     Unlimited,
+    /// A shadow-mode rule, or global shadow mode: counted, never enforced.
+    Shadowed,
     /// The rule's tightest limit after the charge: `remaining` hits until `reset_micros`;
     /// and the requests (allowed and denied) every data plane reported for the bucket over
     /// the last [`DEMAND_WINDOW`], on every replica.
@@ -38,8 +40,12 @@ pub enum BucketQuota {
         reset_micros: u64,
         demand: u64,
     },
-    /// The backend could not count; nothing is known of the quota.
-    Failed(BackendError),
+    /// The backend could not count, and the rule's `on_backend_error` (not `local`, which
+    /// counts in process instead) says what the data plane is told.
+    Failed {
+        error: BackendError,
+        policy: OnBackendError,
+    },
 }
 
 /// One bucket's report, to charge: its entries in rule order (see
@@ -128,36 +134,76 @@ impl RateLimiter {
     ) -> Vec<BucketQuota> {
         // Each bucket's hits: its rule's limits, then its demand.
         let mut hits: Vec<CounterHit<'static>> = Vec::new();
-        let mut quotas = Vec::with_capacity(usages.len());
-        let mut spans = Vec::with_capacity(usages.len());
+        let mut buckets = Vec::with_capacity(usages.len());
         for usage in usages {
             let first = hits.len();
-            match matched_rule(rules, usage.entries) {
-                None => quotas.push(Some(BucketQuota::NoRule)),
+            let charged = match matched_rule(rules, usage.entries) {
+                None => Charged::Settled(BucketQuota::NoRule),
                 Some(found) => match &found.rule.policy {
                     Policy::Limited(limits) => {
                         hits.extend(charge_hits(domain, &found, limits, usage.allowed));
                         hits.push(demand_hit(domain, &found, usage.requests));
-                        quotas.push(None);
+                        Charged::Counted {
+                            policy: (found.rule.on_backend_error)
+                                .unwrap_or(self.options.on_backend_error),
+                            shadow: found.rule.shadow_mode || self.options.shadow_mode,
+                        }
                     }
-                    _ => quotas.push(Some(BucketQuota::Unlimited)),
+                    _ => Charged::Settled(BucketQuota::Unlimited),
                 },
-            }
-            spans.push(first..hits.len());
+            };
+            buckets.push((charged, first..hits.len()));
         }
-        if hits.is_empty() {
-            return quotas.into_iter().flatten().collect();
-        }
-        let backend = self.backend();
-        let answers = backend
-            .hit_all(&hits, OnReject::Consume, Some(deadline))
-            .await;
-        (quotas.into_iter().zip(spans))
-            .map(|(quota, span)| {
-                quota.unwrap_or_else(|| what_is_left(&hits[span.clone()], &answers.results[span]))
+        let results = if hits.is_empty() {
+            Vec::new()
+        } else {
+            let backend = self.backend();
+            let answers = backend.hit_all(&hits, OnReject::Consume, Some(deadline));
+            answers.await.results
+        };
+        (buckets.into_iter())
+            .map(|(charged, span)| match charged {
+                Charged::Settled(quota) => quota,
+                Charged::Counted { policy, shadow } => {
+                    let quota = self.quota_left(&hits[span.clone()], &results[span], policy);
+                    if shadow { BucketQuota::Shadowed } else { quota }
+                }
             })
             .collect()
     }
+
+    /// What is left of one bucket's limit from the answers to its `hits`, the hits the
+    /// backend failed decided by the rule's `policy` when it is `local`.
+    fn quota_left(
+        &self,
+        hits: &[CounterHit<'_>],
+        results: &[Result<Decision, BackendError>],
+        policy: OnBackendError,
+    ) -> BucketQuota {
+        let left = match policy {
+            OnBackendError::Local => {
+                let decided: Vec<Result<Decision, BackendError>> = (hits.iter().zip(results))
+                    .map(|(hit, result)| match result {
+                        Err(error) => self.fallback(hit, policy, error.clone()),
+                        Ok(decision) => Ok(*decision),
+                    })
+                    .collect();
+                what_is_left(hits, &decided)
+            }
+            _ => what_is_left(hits, results),
+        };
+        left.unwrap_or_else(|error| BucketQuota::Failed { error, policy })
+    }
+}
+
+/// A bucket of a backend call: settled without the backend, or counted there under its
+/// rule's `on_backend_error` and shadow mode.
+enum Charged {
+    Settled(BucketQuota),
+    Counted {
+        policy: OnBackendError,
+        shadow: bool,
+    },
 }
 
 /// The hits that charge `allowed` requests to each of `limits`, the limits of the rule
@@ -186,24 +232,21 @@ fn charge_hits<'a>(
 }
 
 /// What is left of one bucket's limit from the answers to its `hits` (its limits', then its
-/// demand's): the tightest limit, with the demand counted.
+/// demand's): the tightest limit, with the demand counted; the first error.
 fn what_is_left(
     hits: &[CounterHit<'_>],
     results: &[Result<Decision, BackendError>],
-) -> BucketQuota {
+) -> Result<BucketQuota, BackendError> {
     let Some((demand, limits)) = results.split_last() else {
-        return BucketQuota::Unlimited;
+        return Ok(BucketQuota::Unlimited);
     };
     let demand = match demand {
         Ok(decision) => u64::from(u32::MAX).saturating_sub(decision.remaining),
-        Err(error) => return BucketQuota::Failed(error.clone()),
+        Err(error) => return Err(error.clone()),
     };
     let mut tightest: Option<BucketQuota> = None;
     for (hit, result) in hits.iter().zip(limits) {
-        let decision = match result {
-            Ok(decision) => decision,
-            Err(error) => return BucketQuota::Failed(error.clone()),
-        };
+        let decision = result.as_ref().map_err(Clone::clone)?;
         let remaining = if decision.allowed {
             decision.remaining
         } else {
@@ -227,7 +270,7 @@ fn what_is_left(
             });
         }
     }
-    tightest.unwrap_or(BucketQuota::Unlimited)
+    Ok(tightest.unwrap_or(BucketQuota::Unlimited))
 }
 
 /// The hit that adds `requests` to the demand of the bucket `found` counts: a sliding
