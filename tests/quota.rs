@@ -396,6 +396,28 @@ async fn a_report_the_protocol_forbids_ends_the_stream_with_invalid_argument() {
     );
 }
 
+/// A report's `time_elapsed` is taken within 1 s to 1 min, whatever it says: the longest
+/// a data plane can claim gives an assignment that lives three minutes, not centuries, and
+/// a negative one counts as a first report.
+#[tokio::test]
+async fn a_reports_elapsed_time_is_taken_within_bounds() {
+    let server = Floodgate::start(&[("quota.yaml", RULES)], &[]);
+    let mut stream = Stream::open(&server).await;
+    for (seconds, longest_ttl) in [(i64::MAX, 180), (-5, 15), (0, 15)] {
+        let report = BucketQuotaUsage {
+            time_elapsed: Some(pbjson_types::Duration { seconds, nanos: 0 }),
+            ..usage(&[("user", "frank")], 1, 0)
+        };
+        let answer = stream.report("quota", vec![report]).await;
+        let (strategy, ttl) = assignment(&answer.expect("an answer"));
+        assert!(matches!(strategy, Strategy::TokenBucket(_)), "{strategy:?}");
+        assert!(
+            ttl <= Duration::from_secs(longest_ttl),
+            "{seconds} s elapsed: {ttl:?}"
+        );
+    }
+}
+
 /// 10,000 buckets in one report, on a real Redis: charged together, in calls of many
 /// buckets, and each answered in the report's order with its own bucket's quota.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -20,6 +20,12 @@ use crate::service::quota::BucketQuota;
 /// Envoy 1.40 reports every 5 s whatever the bucket's `reporting_interval` says.
 pub const FIRST_INTERVAL: Duration = Duration::from_secs(5);
 
+/// The shortest and the longest interval a report is taken to cover, whatever its
+/// `time_elapsed` says: Envoy counts it in whole seconds, and a data plane that claims
+/// hours would get an assignment that outlives any change of the quota (or overflows).
+const SHORTEST_INTERVAL: Duration = Duration::from_secs(1);
+const LONGEST_INTERVAL: Duration = Duration::from_secs(60);
+
 /// How long an assignment holds, in reporting intervals: long enough that a late or lost
 /// report changes nothing, short enough that a data plane whose server went away falls back
 /// to its `expired_assignment_behavior` soon.
@@ -58,6 +64,16 @@ pub enum Assignment {
         fill_interval: Duration,
         ttl: Duration,
     },
+}
+
+/// The interval a report covers, from its `time_elapsed`: within [`SHORTEST_INTERVAL`] and
+/// [`LONGEST_INTERVAL`], and [`FIRST_INTERVAL`] for a first report (none, zero, or below
+/// zero).
+pub fn interval(elapsed: Option<&pbjson_types::Duration>) -> Duration {
+    match elapsed.and_then(|elapsed| Duration::try_from(*elapsed).ok()) {
+        Some(elapsed) if !elapsed.is_zero() => elapsed.clamp(SHORTEST_INTERVAL, LONGEST_INTERVAL),
+        _ => FIRST_INTERVAL,
+    }
 }
 
 /// What to tell the instance that reported `quota` every `interval` with `demand`; `None`

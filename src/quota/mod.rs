@@ -40,7 +40,7 @@ use crate::metrics::{Code, Refusal, Strategy as Assigned};
 use crate::rules::{OnBackendError, RuleSet};
 use crate::service::RateLimiter;
 use crate::service::quota::{BucketQuota, BucketUsage, DEMAND_WINDOW, bucket_descriptor};
-use assign::{Assignment, Demand, FIRST_INTERVAL};
+use assign::{Assignment, Demand};
 
 pub use crate::proto::envoy::service::rate_limit_quota::v3::rate_limit_quota_service_server::RateLimitQuotaServiceServer;
 
@@ -321,10 +321,7 @@ impl QuotaStream {
         usage: &BucketQuotaUsage,
         quota: BucketQuota,
     ) -> Option<Action> {
-        let elapsed = (usage.time_elapsed.as_ref())
-            .and_then(|elapsed| Duration::try_from(*elapsed).ok())
-            .filter(|elapsed| !elapsed.is_zero());
-        let interval = elapsed.unwrap_or(FIRST_INTERVAL);
+        let interval = assign::interval(usage.time_elapsed.as_ref());
         let requests = (usage.num_requests_allowed).saturating_add(usage.num_requests_denied);
         let demand = match &quota {
             BucketQuota::Counted { demand, .. } => Demand {
