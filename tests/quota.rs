@@ -396,6 +396,40 @@ async fn a_report_the_protocol_forbids_ends_the_stream_with_invalid_argument() {
     );
 }
 
+/// A refusal quotes what it refuses, cut short: a domain of 100,000 characters or a bucket
+/// of 10,000 entries is refused with a status of a few hundred bytes, which every client
+/// can read, not one its header limits would drop.
+#[tokio::test]
+async fn refusals_quote_long_names_and_buckets_cut_short() {
+    let server = Floodgate::start(&[("quota.yaml", RULES)], &[]);
+    let long_domain = "d".repeat(100_000);
+    let mut stream = Stream::open(&server).await;
+    let refused = (stream.report(&long_domain, vec![usage(&[("user", "x")], 0, 0)]))
+        .await
+        .expect_err("refused");
+    assert_eq!(refused.code(), tonic::Code::NotFound, "{refused:?}");
+    assert!(refused.message().len() < 400, "{}", refused.message().len());
+
+    let names: Vec<String> = (0..10_000).map(|i| format!("key-{i}")).collect();
+    let wide: Vec<(&str, &str)> = names.iter().map(|name| (name.as_str(), "v")).collect();
+    let mut stream = Stream::open(&server).await;
+    let refused = (stream.report("quota", vec![usage(&wide, 0, 0)]))
+        .await
+        .expect_err("refused");
+    assert_eq!(refused.code(), tonic::Code::NotFound, "{refused:?}");
+    assert!(refused.message().len() < 400, "{}", refused.message());
+
+    let mut stream = Stream::open(&server).await;
+    (stream
+        .report("quota", vec![usage(&[("user", "x")], 0, 0)])
+        .await)
+        .expect("an answer");
+    let other = stream.report(&long_domain, vec![usage(&[("user", "x")], 0, 0)]);
+    let refused = other.await.expect_err("refused");
+    assert_eq!(refused.code(), tonic::Code::InvalidArgument, "{refused:?}");
+    assert!(refused.message().len() < 400, "{}", refused.message().len());
+}
+
 /// A report's `time_elapsed` is taken within 1 s to 1 min, whatever it says: the longest
 /// a data plane can claim gives an assignment that lives three minutes, not centuries, and
 /// a negative one counts as a first report.

@@ -259,7 +259,9 @@ impl QuotaStream {
             (Some(known), "") => Ok(known.clone()),
             (Some(known), domain) if known == domain => Ok(known.clone()),
             (Some(known), domain) => Err(Status::invalid_argument(format!(
-                "the stream reports for domain {known:?}; {domain:?} needs a stream of its own"
+                "the stream reports for domain {}; {} needs a stream of its own",
+                quoted(known),
+                quoted(domain)
             ))),
         }
     }
@@ -353,10 +355,13 @@ impl QuotaStream {
     }
 }
 
-/// Buckets a refusal names in full; the others are counted.
+/// Buckets a refusal names; the others are counted. A status message travels in a header,
+/// which clients cap (16 KiB is common): a refusal stays a few hundred bytes.
 const UNMATCHED_NAMED: usize = 3;
-/// The characters of a bucket entry's value a refusal quotes.
-const VALUE_QUOTED: usize = 64;
+/// Entries of a bucket a refusal quotes.
+const ENTRIES_QUOTED: usize = 4;
+/// Characters of a name or value a refusal quotes.
+const CHARS_QUOTED: usize = 64;
 
 /// NOT_FOUND for a report's buckets (`index`, entries) no rule of `domain` matches: they
 /// stay with the data plane's own `no_assignment_behavior`, and the data plane sees why
@@ -364,7 +369,8 @@ const VALUE_QUOTED: usize = 64;
 fn unmatched_refusal(domain: &str, known: bool, unmatched: &[(usize, BucketKey)]) -> Status {
     if !known {
         return Status::not_found(format!(
-            "domain {domain:?} has no rules here: none of its buckets is limited"
+            "domain {} has no rules here: none of its buckets is limited",
+            quoted(domain)
         ));
     }
     let named: Vec<String> = (unmatched.iter().take(UNMATCHED_NAMED))
@@ -375,22 +381,35 @@ fn unmatched_refusal(domain: &str, known: bool, unmatched: &[(usize, BucketKey)]
         more => format!(" and {more} more"),
     };
     Status::not_found(format!(
-        "no rule of domain {domain:?} matches {}{others}",
+        "no rule of domain {} matches {}{others}",
+        quoted(domain),
         named.join(", ")
     ))
 }
 
 /// A bucket's entries as a refusal quotes them: `{name=value, …}`, long values cut.
 fn describe(key: &BucketKey) -> String {
-    let entries: Vec<String> = (key.iter())
-        .map(|(name, value)| {
-            let name: String = name.chars().take(VALUE_QUOTED).collect();
-            let cut: String = value.chars().take(VALUE_QUOTED).collect();
-            let ellipsis = if cut.len() < value.len() { "…" } else { "" };
-            format!("{name}={cut}{ellipsis}")
-        })
+    let mut entries: Vec<String> = (key.iter().take(ENTRIES_QUOTED))
+        .map(|(name, value)| format!("{}={}", cut(name), cut(value)))
         .collect();
+    if key.len() > ENTRIES_QUOTED {
+        entries.push(format!("{} more entries", key.len() - ENTRIES_QUOTED));
+    }
     format!("{{{}}}", entries.join(", "))
+}
+
+/// `text` cut as [`cut`] cuts it, quoted and escaped as Rust writes a string.
+fn quoted(text: &str) -> String {
+    format!("{:?}", cut(text))
+}
+
+/// `text` up to [`CHARS_QUOTED`] characters, and an ellipsis where it went on.
+fn cut(text: &str) -> String {
+    let mut kept: String = text.chars().take(CHARS_QUOTED).collect();
+    if kept.len() < text.len() {
+        kept.push('…');
+    }
+    kept
 }
 
 /// Resolves once `stopped` turns true (or its sender is gone).
