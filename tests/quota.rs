@@ -10,6 +10,7 @@ use std::time::Duration;
 
 use floodgate::proto::envoy::r#type::v3::RateLimitStrategy;
 use floodgate::proto::envoy::r#type::v3::rate_limit_strategy::{BlanketRule, Strategy};
+use floodgate::proto::envoy::service::rate_limit_quota::v3::rate_limit_quota_response::BucketAction;
 use floodgate::proto::envoy::service::rate_limit_quota::v3::rate_limit_quota_response::bucket_action::BucketAction as Action;
 use floodgate::proto::envoy::service::rate_limit_quota::v3::rate_limit_quota_service_client::RateLimitQuotaServiceClient;
 use floodgate::proto::envoy::service::rate_limit_quota::v3::rate_limit_quota_usage_reports::BucketQuotaUsage;
@@ -57,6 +58,29 @@ impl Stream {
             .expect("the stream opens")
             .into_inner();
         Stream { reports, answers }
+    }
+
+    /// Sends one report that is refused: the actions answered before the stream ended, and
+    /// the status it ended with.
+    async fn refused(
+        &mut self,
+        domain: &str,
+        usages: Vec<BucketQuotaUsage>,
+    ) -> (Vec<BucketAction>, tonic::Status) {
+        let report = RateLimitQuotaUsageReports {
+            domain: domain.to_owned(),
+            bucket_quota_usages: usages,
+        };
+        self.reports.send(report).await.expect("the stream is open");
+        let mut actions = Vec::new();
+        loop {
+            let next = tokio::time::timeout(Duration::from_secs(10), self.answers.message());
+            match next.await.expect("an answer within 10 s") {
+                Ok(Some(answer)) => actions.extend(answer.bucket_action),
+                Ok(None) => panic!("the stream ended without a status"),
+                Err(status) => return (actions, status),
+            }
+        }
     }
 
     /// Sends one report and waits for its answer (or the stream's end, as an error).
@@ -212,7 +236,7 @@ async fn buckets_no_rule_matches_end_the_stream_with_not_found_after_the_rest_is
     );
 
     let mut stream = Stream::open(&server).await;
-    let long = "v".repeat(10_000);
+    let long = "v".repeat(100);
     let report = vec![
         usage(&[("user", "bob")], 3, 0),
         usage(&[("nobody", "x")], 100, 0),
@@ -348,35 +372,75 @@ async fn a_bucket_whose_rule_changes_is_assigned_from_the_new_rule() {
     }
 }
 
+/// What cannot be read ends the stream with INVALID_ARGUMENT. A report without a domain, or
+/// naming another, charges nothing. A bucket that cannot be a descriptor (no entries, an
+/// empty or oversized one) is refused alone: the report's other buckets are answered and
+/// charged first, so one bucket built from a client's odd header does not cost a data
+/// plane every assignment.
 #[tokio::test]
 async fn a_report_the_protocol_forbids_ends_the_stream_with_invalid_argument() {
     let server = Floodgate::start(&[("quota.yaml", RULES)], &[]);
-    let cases: [(&str, Vec<BucketQuotaUsage>, &str); 3] = [
-        ("", vec![usage(&[("user", "a")], 0, 0)], "names no domain"),
+    let long = "v".repeat(1025);
+    let many: Vec<(String, String)> = (0..17).map(|i| (format!("k{i}"), "v".into())).collect();
+    let many: Vec<(&str, &str)> = many.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+    let cases: [(&str, Vec<BucketQuotaUsage>, usize, &str); 6] = [
+        (
+            "",
+            vec![usage(&[("user", "a")], 3, 0)],
+            0,
+            "names no domain",
+        ),
         (
             "quota",
             vec![usage(&[], 0, 0)],
+            0,
             "bucket_quota_usages[0]: a bucket_id with no entries",
         ),
         (
             "quota",
             vec![usage(&[("user", "a")], 5, 0), usage(&[("user", "")], 0, 0)],
+            1,
             "bucket_quota_usages[1]: a bucket_id entry with an empty name or value",
         ),
+        (
+            "quota",
+            vec![usage(&[("user", &long)], 1, 0)],
+            0,
+            "bucket_quota_usages[0]: the value of bucket_id entry \"user\" is 1025 bytes; \
+             at most 1024 are allowed",
+        ),
+        (
+            "quota",
+            vec![usage(&many, 1, 0)],
+            0,
+            "bucket_quota_usages[0]: a bucket_id of 17 entries; at most 16 are allowed",
+        ),
+        (
+            "quota",
+            vec![
+                usage(&[("user", "")], 0, 0),
+                usage(&[("nobody", "x")], 0, 0),
+                usage(&[], 0, 0),
+            ],
+            0,
+            "bucket_quota_usages[0]: a bucket_id entry with an empty name or value; \
+             bucket_quota_usages[2]: a bucket_id with no entries",
+        ),
     ];
-    for (domain, usages, message) in cases {
+    for (domain, usages, answered, message) in cases {
         let mut stream = Stream::open(&server).await;
-        let refused = stream.report(domain, usages).await.expect_err("refused");
+        let (actions, refused) = stream.refused(domain, usages).await;
+        assert_eq!(actions.len(), answered, "{actions:?}");
         assert_eq!(refused.code(), tonic::Code::InvalidArgument, "{refused:?}");
         assert!(refused.message().contains(message), "{refused:?}");
     }
     assert_eq!(
         server.metric("floodgate_rlqs_refused_reports_total{code=\"INVALID_ARGUMENT\"}"),
-        3.0
+        6.0
     );
-    // A refused report charged nothing, not even its buckets before the bad one.
+    // The report without a domain charged nothing; the bucket before the bad one, its 5.
     let rls = (server.ask(request("quota", vec![descriptor(&[("user", "a")])]))).await;
-    assert_eq!(rls.statuses[0].limit_remaining, 9);
+    assert_eq!(rls.statuses[0].limit_remaining, 4);
     // Counts at the top of their range are taken as they are, never overflowed.
     let mut stream = Stream::open(&server).await;
     let huge = BucketQuotaUsage {
@@ -396,9 +460,9 @@ async fn a_report_the_protocol_forbids_ends_the_stream_with_invalid_argument() {
     );
 }
 
-/// A refusal quotes what it refuses, cut short: a domain of 100,000 characters or a bucket
-/// of 10,000 entries is refused with a status of a few hundred bytes, which every client
-/// can read, not one its header limits would drop.
+/// A refusal quotes what it refuses, cut short: a domain of 100,000 characters, a bucket of
+/// 10,000 entries or one of 16 long ones is refused with a status of a few hundred bytes,
+/// which every client can read, not one its header limits would drop.
 #[tokio::test]
 async fn refusals_quote_long_names_and_buckets_cut_short() {
     let server = Floodgate::start(&[("quota.yaml", RULES)], &[]);
@@ -410,14 +474,23 @@ async fn refusals_quote_long_names_and_buckets_cut_short() {
     assert_eq!(refused.code(), tonic::Code::NotFound, "{refused:?}");
     assert!(refused.message().len() < 400, "{}", refused.message().len());
 
-    let names: Vec<String> = (0..10_000).map(|i| format!("key-{i}")).collect();
-    let wide: Vec<(&str, &str)> = names.iter().map(|name| (name.as_str(), "v")).collect();
-    let mut stream = Stream::open(&server).await;
-    let refused = (stream.report("quota", vec![usage(&wide, 0, 0)]))
-        .await
-        .expect_err("refused");
-    assert_eq!(refused.code(), tonic::Code::NotFound, "{refused:?}");
-    assert!(refused.message().len() < 400, "{}", refused.message());
+    let names: Vec<String> = (0..10_000).map(|i| format!("key-{i:0>200}")).collect();
+    let value = "v".repeat(1000);
+    let wide: Vec<(&str, &str)> = (names.iter()).map(|name| (name.as_str(), "v")).collect();
+    let long: Vec<(&str, &str)> = (names.iter().take(16))
+        .map(|name| (name.as_str(), value.as_str()))
+        .collect();
+    for (bucket, code) in [
+        (wide, tonic::Code::InvalidArgument),
+        (long, tonic::Code::NotFound),
+    ] {
+        let mut stream = Stream::open(&server).await;
+        let refused = (stream.report("quota", vec![usage(&bucket, 0, 0)]))
+            .await
+            .expect_err("refused");
+        assert_eq!(refused.code(), code, "{refused:?}");
+        assert!(refused.message().len() < 800, "{}", refused.message());
+    }
 
     let mut stream = Stream::open(&server).await;
     (stream

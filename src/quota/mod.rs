@@ -39,6 +39,7 @@ use crate::backend::BackendError;
 use crate::metrics::{Code, Refusal, Strategy as Assigned};
 use crate::rules::{OnBackendError, RuleSet};
 use crate::service::RateLimiter;
+use crate::settings::RequestLimits;
 use crate::service::quota::{BucketQuota, BucketUsage, DEMAND_WINDOW, bucket_descriptor};
 use assign::{Assignment, Demand};
 
@@ -125,12 +126,17 @@ impl Reply {
 
 /// How a report's bucket is answered.
 enum Verdict {
-    /// Charged on this descriptor, then assigned what is left.
-    Charge(Vec<(String, String)>),
+    /// Charged on `descriptor` (its entries in rule order), then assigned what is left.
+    Charge {
+        key: BucketKey,
+        descriptor: Vec<(String, String)>,
+    },
     /// Its rule went away since it last matched.
-    Abandon,
+    Abandon(BucketKey),
     /// No rule matches it, nor ever did on this stream.
-    Unmatched,
+    Unmatched(BucketKey),
+    /// It cannot be a descriptor, for this reason: no entries, an empty or oversized one.
+    Invalid(String),
 }
 
 impl QuotaStream {
@@ -204,25 +210,23 @@ impl QuotaStream {
             Err(refusal) => return Reply::forbidden(refusal),
         };
         self.limiter.metrics().quota().report();
-        let keys = match bucket_keys(&report.bucket_quota_usages) {
-            Ok(keys) => keys,
-            Err(refusal) => return Reply::forbidden(refusal),
-        };
         let rules = self.limiter.rules();
         self.match_under(&rules);
-        let verdicts: Vec<Verdict> = (keys.iter())
-            .map(|key| self.verdict(&rules, &domain, key))
-            .collect();
         let usages = report.bucket_quota_usages;
+        let limits = self.limiter.request_limits();
+        let verdicts: Vec<Verdict> = (usages.iter())
+            .map(|usage| match bucket_key(usage, limits) {
+                Ok(key) => self.verdict(&rules, &domain, key),
+                Err(why) => Verdict::Invalid(why),
+            })
+            .collect();
         let charged = self.charge(&rules, &domain, &verdicts, &usages).await;
         let mut charged = charged.into_iter();
         let mut reply = Reply::default();
-        let mut unmatched = Vec::new();
-        for (index, ((key, usage), verdict)) in
-            keys.into_iter().zip(usages).zip(verdicts).enumerate()
-        {
+        let (mut invalid, mut unmatched) = (Vec::new(), Vec::new());
+        for (index, (verdict, usage)) in verdicts.into_iter().zip(usages).enumerate() {
             let action = match verdict {
-                Verdict::Charge(descriptor) => {
+                Verdict::Charge { key, descriptor } => {
                     let missing = || BucketQuota::Failed {
                         error: BackendError::Protocol("uncharged".into()),
                         policy: OnBackendError::Error,
@@ -230,9 +234,13 @@ impl QuotaStream {
                     let quota = charged.next().unwrap_or_else(missing);
                     self.assigned(key, descriptor, &usage, quota)
                 }
-                Verdict::Abandon => Some(self.abandoned(&key)),
-                Verdict::Unmatched => {
-                    unmatched.push((index, key));
+                Verdict::Abandon(key) => Some(self.abandoned(&key)),
+                Verdict::Unmatched(key) => {
+                    unmatched.push(format!("bucket_quota_usages[{index}] {}", describe(&key)));
+                    None
+                }
+                Verdict::Invalid(why) => {
+                    invalid.push(format!("bucket_quota_usages[{index}]: {why}"));
                     None
                 }
             };
@@ -241,11 +249,16 @@ impl QuotaStream {
                 bucket_action: Some(action),
             }));
         }
-        if !unmatched.is_empty() {
+        reply.refusal = if !invalid.is_empty() {
+            let refusal = Status::invalid_argument(listed(&invalid, "; "));
+            Some((Refusal::Forbidden, refusal))
+        } else if !unmatched.is_empty() {
             let known = rules.domain(&domain).is_some();
             let refusal = unmatched_refusal(&domain, known, &unmatched);
-            reply.refusal = Some((Refusal::Unmatched, refusal));
-        }
+            Some((Refusal::Unmatched, refusal))
+        } else {
+            None
+        };
         reply
     }
 
@@ -277,17 +290,15 @@ impl QuotaStream {
 
     /// How the bucket `key` is answered under `rules`: matched again only when the rules
     /// changed since it last matched, or it never did.
-    fn verdict(&self, rules: &RuleSet, domain: &str, key: &BucketKey) -> Verdict {
-        if let Some(Some(descriptor)) = self.buckets.get(key) {
-            return Verdict::Charge(descriptor.clone());
+    fn verdict(&self, rules: &RuleSet, domain: &str, key: BucketKey) -> Verdict {
+        if let Some(Some(descriptor)) = self.buckets.get(&key) {
+            let descriptor = descriptor.clone();
+            return Verdict::Charge { key, descriptor };
         }
-        match (
-            bucket_descriptor(rules, domain, key),
-            self.buckets.contains_key(key),
-        ) {
-            (Some(descriptor), _) => Verdict::Charge(descriptor),
-            (None, true) => Verdict::Abandon,
-            (None, false) => Verdict::Unmatched,
+        match bucket_descriptor(rules, domain, &key) {
+            Some(descriptor) => Verdict::Charge { key, descriptor },
+            None if self.buckets.contains_key(&key) => Verdict::Abandon(key),
+            None => Verdict::Unmatched(key),
         }
     }
 
@@ -302,8 +313,8 @@ impl QuotaStream {
     ) -> Vec<BucketQuota> {
         let charges: Vec<BucketUsage<'_>> = (verdicts.iter().zip(usages))
             .filter_map(|(verdict, usage)| match verdict {
-                Verdict::Charge(entries) => Some(BucketUsage {
-                    entries,
+                Verdict::Charge { descriptor, .. } => Some(BucketUsage {
+                    entries: descriptor,
                     allowed: usage.num_requests_allowed,
                     requests: (usage.num_requests_allowed)
                         .saturating_add(usage.num_requests_denied),
@@ -357,34 +368,37 @@ impl QuotaStream {
 
 /// Buckets a refusal names; the others are counted. A status message travels in a header,
 /// which clients cap (16 KiB is common): a refusal stays a few hundred bytes.
-const UNMATCHED_NAMED: usize = 3;
+const BUCKETS_NAMED: usize = 3;
 /// Entries of a bucket a refusal quotes.
 const ENTRIES_QUOTED: usize = 4;
 /// Characters of a name or value a refusal quotes.
 const CHARS_QUOTED: usize = 64;
 
-/// NOT_FOUND for a report's buckets (`index`, entries) no rule of `domain` matches: they
-/// stay with the data plane's own `no_assignment_behavior`, and the data plane sees why
-/// when the stream ends (it reports again on a new stream, so new rules are found then).
-fn unmatched_refusal(domain: &str, known: bool, unmatched: &[(usize, BucketKey)]) -> Status {
+/// NOT_FOUND for a report's buckets no rule of `domain` matches (`unmatched`, each named
+/// with its index): they stay with the data plane's own `no_assignment_behavior`, and the
+/// data plane sees why when the stream ends (it reports again on a new stream, so new
+/// rules are found then).
+fn unmatched_refusal(domain: &str, known: bool, unmatched: &[String]) -> Status {
     if !known {
         return Status::not_found(format!(
             "domain {} has no rules here: none of its buckets is limited",
             quoted(domain)
         ));
     }
-    let named: Vec<String> = (unmatched.iter().take(UNMATCHED_NAMED))
-        .map(|(index, key)| format!("bucket_quota_usages[{index}] {}", describe(key)))
-        .collect();
-    let others = match unmatched.len() - named.len() {
-        0 => String::new(),
-        more => format!(" and {more} more"),
-    };
     Status::not_found(format!(
-        "no rule of domain {} matches {}{others}",
+        "no rule of domain {} matches {}",
         quoted(domain),
-        named.join(", ")
+        listed(unmatched, ", ")
     ))
+}
+
+/// The first [`BUCKETS_NAMED`] of `items`, joined by `separator`, and how many more.
+fn listed(items: &[String], separator: &str) -> String {
+    let named = &items[..items.len().min(BUCKETS_NAMED)];
+    match items.len() - named.len() {
+        0 => named.join(separator),
+        more => format!("{} and {more} more", named.join(separator)),
+    }
 }
 
 /// A bucket's entries as a refusal quotes them: `{name=value, …}`, long values cut.
@@ -417,31 +431,41 @@ async fn stopping(stopped: &mut watch::Receiver<bool>) {
     let _ = stopped.wait_for(|stop| *stop).await;
 }
 
-/// Each usage's bucket as the server keys it, or INVALID_ARGUMENT naming the first that
-/// cannot be one.
-fn bucket_keys(usages: &[BucketQuotaUsage]) -> Result<Vec<BucketKey>, Status> {
-    (usages.iter().enumerate())
-        .map(|(index, usage)| {
-            bucket_key(usage).map_err(|why| {
-                Status::invalid_argument(format!("bucket_quota_usages[{index}]: {why}"))
-            })
-        })
-        .collect()
-}
-
-/// A usage's bucket as the server keys it; why it cannot be one.
-fn bucket_key(usage: &BucketQuotaUsage) -> Result<BucketKey, &'static str> {
+/// A usage's bucket as the server keys it: its entries, which must be a descriptor's
+/// (`request_limits`: not too many, no name or value empty or too long); why it cannot be.
+fn bucket_key(usage: &BucketQuotaUsage, limits: &RequestLimits) -> Result<BucketKey, String> {
     let Some(BucketId { bucket }) = &usage.bucket_id else {
-        return Err("no bucket_id");
+        return Err("no bucket_id".into());
     };
     if bucket.is_empty() {
-        return Err("a bucket_id with no entries");
+        return Err("a bucket_id with no entries".into());
     }
-    if bucket
-        .iter()
-        .any(|(key, value)| key.is_empty() || value.is_empty())
-    {
-        return Err("a bucket_id entry with an empty name or value");
+    if bucket.len() > limits.max_entries {
+        return Err(format!(
+            "a bucket_id of {} entries; at most {} are allowed",
+            bucket.len(),
+            limits.max_entries
+        ));
+    }
+    for (name, value) in bucket {
+        if name.is_empty() || value.is_empty() {
+            return Err("a bucket_id entry with an empty name or value".into());
+        }
+        if name.len() > limits.max_key_bytes {
+            return Err(format!(
+                "a bucket_id entry name of {} bytes; at most {} are allowed",
+                name.len(),
+                limits.max_key_bytes
+            ));
+        }
+        if value.len() > limits.max_value_bytes {
+            return Err(format!(
+                "the value of bucket_id entry {} is {} bytes; at most {} are allowed",
+                quoted(name),
+                value.len(),
+                limits.max_value_bytes
+            ));
+        }
     }
     let mut key: BucketKey = (bucket.iter())
         .map(|(name, value)| (name.clone(), value.clone()))

@@ -183,6 +183,11 @@ impl RateLimiter {
         self.rules.load_full()
     }
 
+    /// The sizes a request's descriptors may have.
+    pub fn request_limits(&self) -> &RequestLimits {
+        &self.options.request_limits
+    }
+
     /// Puts `rules` in force. The swap is atomic: a request decides entirely under the old
     /// rules or entirely under the new ones. Counters are keyed by rule identity, not by the
     /// rule set, so they carry over (see `CounterKey`).
