@@ -83,6 +83,29 @@ impl Stream {
         }
     }
 
+    /// Reports 3 requests of the bucket `entries` every 100 ms until an answer is `done`
+    /// (`what` names it), for at most 10 s.
+    async fn report_until(
+        &mut self,
+        entries: &[(&str, &str)],
+        what: &str,
+        done: impl Fn(&RateLimitQuotaResponse) -> bool,
+    ) {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        loop {
+            let answer = self.report("quota", vec![usage(entries, 3, 100)]).await;
+            let answer = answer.expect("an answer");
+            if done(&answer) {
+                return;
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "never {what}: {answer:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
     /// Sends one report and waits for its answer (or the stream's end, as an error).
     async fn report(
         &mut self,
@@ -325,19 +348,13 @@ async fn a_bucket_whose_rule_is_removed_is_abandoned() {
         "",
     );
     std::fs::write(server.rules_dir.path().join("quota.yaml"), without_users).expect("a write");
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-    loop {
-        let answer = stream.report("quota", vec![usage(&carol, 0, 100)]).await;
-        let answer = answer.expect("an answer");
-        if let Some(Action::AbandonAction(_)) = &answer.bucket_action[0].bucket_action {
-            break;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "never abandoned: {answer:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    let abandoned = |answer: &RateLimitQuotaResponse| {
+        matches!(
+            answer.bucket_action[0].bucket_action,
+            Some(Action::AbandonAction(_))
+        )
+    };
+    stream.report_until(&carol, "abandoned", abandoned).await;
     assert_eq!(server.metric("floodgate_rlqs_abandoned_total"), 1.0);
     assert_eq!(server.metric("floodgate_rlqs_buckets"), 0.0);
 }
@@ -357,19 +374,11 @@ async fn a_bucket_whose_rule_changes_is_assigned_from_the_new_rule() {
     assert!(matches!(strategy, Strategy::TokenBucket(_)), "{strategy:?}");
     let lowered = RULES.replace("requests_per_unit: 10}", "requests_per_unit: 2}");
     std::fs::write(server.rules_dir.path().join("quota.yaml"), lowered).expect("a write");
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-    loop {
-        let answer = stream.report("quota", vec![usage(&erin, 3, 100)]).await;
-        let (strategy, _) = assignment(&answer.expect("an answer"));
-        if is_blanket(&strategy, BlanketRule::DenyAll) {
-            break;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "never assigned from 2 an hour: {strategy:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    let denied =
+        |answer: &RateLimitQuotaResponse| is_blanket(&assignment(answer).0, BlanketRule::DenyAll);
+    stream
+        .report_until(&erin, "assigned from 2 an hour", denied)
+        .await;
 }
 
 /// What cannot be read ends the stream with INVALID_ARGUMENT. A report without a domain, or
