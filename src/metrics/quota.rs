@@ -29,7 +29,7 @@ impl Strategy {
 /// Why a report was refused, ending its stream.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Refusal {
-    /// The protocol forbids the report (gRPC INVALID_ARGUMENT); nothing was charged.
+    /// The report or one of its buckets cannot be read (gRPC INVALID_ARGUMENT).
     Forbidden,
     /// No rule matches some of its buckets (gRPC NOT_FOUND); the others were answered.
     Unmatched,
@@ -123,7 +123,7 @@ impl QuotaStats {
             ),
             (
                 "floodgate_rlqs_buckets",
-                "Buckets the open RLQS streams report.",
+                "Buckets matched to a rule on the open RLQS streams.",
                 self.buckets.load(Ordering::Relaxed).max(0),
             ),
         ];
@@ -133,7 +133,7 @@ impl QuotaStats {
         }
         let name = "floodgate_rlqs_refused_reports_total";
         let help = "RLQS reports refused, ending their stream, by gRPC status: INVALID_ARGUMENT \
-                    (the protocol forbids it), NOT_FOUND (no rule matches some of its buckets).";
+                    (it or a bucket cannot be read), NOT_FOUND (no rule matches some of its buckets).";
         page.family(name, Kind::Counter, help);
         for why in Refusal::ALL {
             let count = self.refused[why as usize].get();

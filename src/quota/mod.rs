@@ -7,10 +7,11 @@
 //! tree), its allowed requests are charged to the counters `ShouldRateLimit` uses, so both
 //! kinds of client share one limit, and what is left becomes the bucket's assignment
 //! (`assign.rs`). A bucket whose rule disappeared (a reload, an xDS update) is abandoned. A
-//! report the protocol forbids ends the stream with INVALID_ARGUMENT, and charges nothing; a
-//! bucket no rule matches ends it with NOT_FOUND, once the report's other buckets are
-//! answered (the data plane keeps their assignments, and reports again on a new stream).
-//! Shutdown ends every stream with UNAVAILABLE, so data planes reconnect to another replica.
+//! report with no domain, or another stream's, ends the stream with INVALID_ARGUMENT and
+//! charges nothing. A bucket that cannot be a descriptor ends it with INVALID_ARGUMENT, and
+//! one no rule matches with NOT_FOUND, once the report's other buckets are answered (the
+//! data plane keeps their assignments, and reports again on a new stream). Shutdown ends
+//! every stream with UNAVAILABLE, so data planes reconnect to another replica.
 
 pub mod assign;
 
@@ -115,7 +116,7 @@ struct Reply {
 }
 
 impl Reply {
-    /// A report the protocol forbids: no action, INVALID_ARGUMENT.
+    /// A report whose domain is missing or wrong: no action, INVALID_ARGUMENT.
     fn forbidden(status: Status) -> Self {
         Reply {
             actions: Vec::new(),
@@ -202,8 +203,8 @@ impl QuotaStream {
     }
 
     /// The actions for one report's buckets, and whether the report is refused: nothing is
-    /// charged for a report the protocol forbids; the buckets a rule matches are answered
-    /// before buckets no rule matches end the stream.
+    /// charged for a report whose domain is wrong; the buckets a rule matches are answered
+    /// before a bucket that cannot be a descriptor, or that no rule matches, ends the stream.
     async fn answer(&mut self, report: RateLimitQuotaUsageReports) -> Reply {
         let domain = match self.report_domain(&report.domain) {
             Ok(domain) => domain,
