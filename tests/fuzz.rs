@@ -1,7 +1,8 @@
 //! Fuzzing on stable Rust, bounded in time, inside the test command: the rule loader, the
-//! gRPC request (protobuf bytes decoded and decided) and `POST /json` (the whole HTTP
-//! handler) are fed inputs mutated from seeds, and must answer every one without a panic,
-//! an abort or a hang.
+//! gRPC request (protobuf bytes decoded and decided), `POST /json` (the whole HTTP handler)
+//! and an RLQS usage report (decoded and answered as a stream's first and second report)
+//! are fed inputs mutated from seeds, and must answer every one without a panic, an abort
+//! or a hang.
 //!
 //! cargo-fuzz needs a nightly compiler and libFuzzer, which this project's machines lack, so
 //! this is a plain mutational fuzzer: seeds (the example rules, every regression input, a
@@ -25,12 +26,17 @@ use std::time::{Duration, Instant};
 use floodgate::backend::{Backend, MemoryBackend};
 use floodgate::clock::SystemClock;
 use floodgate::http::{HttpState, router};
+use floodgate::proto::envoy::service::rate_limit_quota::v3::rate_limit_quota_usage_reports::BucketQuotaUsage;
+use floodgate::proto::envoy::service::rate_limit_quota::v3::{
+    BucketId, RateLimitQuotaUsageReports,
+};
 use floodgate::proto::envoy::service::ratelimit::v3::RateLimitRequest;
+use floodgate::quota::QuotaService;
 use floodgate::rules::RuleSet;
 use floodgate::service::{RateLimiter, ServiceOptions};
 use prost::Message;
 
-const TARGETS: [&str; 3] = ["rules", "grpc_request", "json_request"];
+const TARGETS: [&str; 4] = ["rules", "grpc_request", "json_request", "rlqs_report"];
 
 /// Which target a child process runs, and where it writes the input it is trying.
 const CHILD_TARGET: &str = "FLOODGATE_FUZZ_CHILD_TARGET";
@@ -53,6 +59,11 @@ fn fuzz_grpc_request() {
 #[test]
 fn fuzz_json_request() {
     supervise("json_request");
+}
+
+#[test]
+fn fuzz_rlqs_report() {
+    supervise("rlqs_report");
 }
 
 /// The child's entry point: does nothing unless this process was started as a child.
@@ -229,6 +240,9 @@ fn mutate(rng: &mut fastrand::Rng, bytes: &mut Vec<u8>, other: &[u8]) {
 struct Target {
     name: &'static str,
     limiter: Arc<RateLimiter>,
+    quota: QuotaService,
+    /// Keeps `quota`'s streams from seeing a shutdown.
+    _running: tokio::sync::watch::Sender<bool>,
     runtime: tokio::runtime::Runtime,
 }
 
@@ -262,8 +276,11 @@ impl Target {
             .enable_all()
             .build()
             .expect("runtime");
+        let (running, stopped) = tokio::sync::watch::channel(false);
         Target {
             name,
+            quota: QuotaService::new(limiter.clone(), stopped),
+            _running: running,
             limiter,
             runtime,
         }
@@ -282,6 +299,10 @@ impl Target {
                 seeds
             }
             "grpc_request" => sample_requests()
+                .iter()
+                .map(Message::encode_to_vec)
+                .collect(),
+            "rlqs_report" => sample_reports()
                 .iter()
                 .map(Message::encode_to_vec)
                 .collect(),
@@ -306,8 +327,23 @@ impl Target {
                     .is_ok(),
                 Err(_) => false,
             },
+            "rlqs_report" => match RateLimitQuotaUsageReports::decode(bytes) {
+                Ok(report) => self.runtime.block_on(self.report_twice(report)),
+                Err(_) => false,
+            },
             _ => self.runtime.block_on(self.post_json(bytes)),
         }
+    }
+
+    /// Sends `report` twice on one stream; whether the first was answered. A refusal must
+    /// stay short enough for a client's header limit.
+    async fn report_twice(&self, report: RateLimitQuotaUsageReports) -> bool {
+        let sent = self.quota.replay(vec![report.clone(), report]).await;
+        for refusal in sent.iter().filter_map(|answer| answer.as_ref().err()) {
+            let length = refusal.message().len();
+            assert!(length <= 2_000, "a refusal of {length} bytes");
+        }
+        matches!(sent.first(), Some(Ok(_)))
     }
 
     async fn post_json(&self, bytes: &[u8]) -> bool {
@@ -342,6 +378,34 @@ fn sample_requests() -> Vec<RateLimitRequest> {
     json.iter()
         .map(|text| serde_json::from_str(text).expect("a sample request"))
         .collect()
+}
+
+/// Usage reports for the rules above: one bucket, a nested one in the other order, an
+/// unknown one beside a known one, and one past its limit with a long elapsed time.
+fn sample_reports() -> Vec<RateLimitQuotaUsageReports> {
+    let usage = |entries: &[(&str, &str)], allowed: u64, seconds: i64| BucketQuotaUsage {
+        bucket_id: Some(BucketId {
+            bucket: (entries.iter())
+                .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+                .collect(),
+        }),
+        time_elapsed: Some(pbjson_types::Duration { seconds, nanos: 0 }),
+        num_requests_allowed: allowed,
+        num_requests_denied: 1,
+    };
+    let report = |usages: Vec<BucketQuotaUsage>| RateLimitQuotaUsageReports {
+        domain: "fuzz".into(),
+        bucket_quota_usages: usages,
+    };
+    vec![
+        report(vec![usage(&[("user", "alice")], 3, 0)]),
+        report(vec![usage(&[("method", "GET"), ("path", "/v1/x")], 1, 5)]),
+        report(vec![
+            usage(&[("user", "bob")], 2, 5),
+            usage(&[("nobody", "x")], 1, 5),
+        ]),
+        report(vec![usage(&[("user", "carol")], 1_000, 3_600)]),
+    ]
 }
 
 /// FNV-1a: a stable name for a kept input.

@@ -20,7 +20,7 @@ use std::pin::Pin;
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
-use futures_util::Stream;
+use futures_util::{Stream, StreamExt};
 use tokio::sync::{mpsc, watch};
 use tonic::{Request, Response, Status, Streaming};
 
@@ -64,6 +64,39 @@ impl QuotaService {
     pub fn new(limiter: Arc<RateLimiter>, stopped: watch::Receiver<bool>) -> Self {
         QuotaService { limiter, stopped }
     }
+
+    /// Answers `reports` as one stream's, without a transport: what the stream sends back,
+    /// in order, up to the status that ends it (reports after a refusal go unread). For
+    /// callers in process, such as the fuzzer.
+    pub async fn replay(
+        &self,
+        reports: Vec<RateLimitQuotaUsageReports>,
+    ) -> Vec<Result<RateLimitQuotaResponse, Status>> {
+        let (answers, mut receiver) = mpsc::channel(16);
+        let stream = self.open(http::HeaderMap::new());
+        let reports = futures_util::stream::iter(reports.into_iter().map(Ok));
+        let run = stream.run(reports, answers, self.stopped.clone());
+        let sent = async {
+            let mut sent = Vec::new();
+            while let Some(answer) = receiver.recv().await {
+                sent.push(answer);
+            }
+            sent
+        };
+        tokio::join!(run, sent).1
+    }
+
+    /// A new stream, whose requests carried `headers`.
+    fn open(&self, headers: http::HeaderMap) -> QuotaStream {
+        self.limiter.metrics().quota().stream_opened();
+        QuotaStream {
+            limiter: self.limiter.clone(),
+            headers,
+            domain: None,
+            buckets: HashMap::new(),
+            matched_under: Weak::new(),
+        }
+    }
 }
 
 type Answers = Pin<Box<dyn Stream<Item = Result<RateLimitQuotaResponse, Status>> + Send>>;
@@ -77,14 +110,7 @@ impl RateLimitQuotaService for QuotaService {
         request: Request<Streaming<RateLimitQuotaUsageReports>>,
     ) -> Result<Response<Answers>, Status> {
         let (answers, receiver) = mpsc::channel(16);
-        self.limiter.metrics().quota().stream_opened();
-        let stream = QuotaStream {
-            limiter: self.limiter.clone(),
-            headers: request.metadata().clone().into_headers(),
-            domain: None,
-            buckets: HashMap::new(),
-            matched_under: Weak::new(),
-        };
+        let stream = self.open(request.metadata().clone().into_headers());
         tokio::spawn(stream.run(request.into_inner(), answers, self.stopped.clone()));
         let answers = futures_util::stream::unfold(receiver, |mut receiver| async move {
             receiver.recv().await.map(|answer| (answer, receiver))
@@ -145,13 +171,13 @@ impl QuotaStream {
     /// the protocol, reports a bucket no rule matches, or the server stops.
     async fn run(
         mut self,
-        mut reports: Streaming<RateLimitQuotaUsageReports>,
+        mut reports: impl Stream<Item = Result<RateLimitQuotaUsageReports, Status>> + Unpin,
         answers: mpsc::Sender<Result<RateLimitQuotaResponse, Status>>,
         mut stopped: watch::Receiver<bool>,
     ) {
         loop {
             let report = tokio::select! {
-                report = reports.message() => report,
+                report = reports.next() => report,
                 () = stopping(&mut stopped) => {
                     let leaving = Status::unavailable("floodgate is shutting down: report to another replica");
                     let _ = answers.send(Err(leaving)).await;
@@ -159,9 +185,9 @@ impl QuotaStream {
                 }
             };
             let reply = match report {
-                Ok(Some(report)) => self.traced_answer(report).await,
+                Some(Ok(report)) => self.traced_answer(report).await,
                 // The data plane ended the stream, or its connection broke.
-                Ok(None) | Err(_) => break,
+                None | Some(Err(_)) => break,
             };
             // Nothing to change (the backend could not count): no message.
             if !reply.actions.is_empty() {
