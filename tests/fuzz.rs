@@ -381,7 +381,8 @@ fn sample_requests() -> Vec<RateLimitRequest> {
 }
 
 /// Usage reports for the rules above: one bucket, a nested one in the other order, an
-/// unknown one beside a known one, and one past its limit with a long elapsed time.
+/// unknown one beside a known one, one past its limit with a long elapsed time, and one
+/// with every number at the top of its range.
 fn sample_reports() -> Vec<RateLimitQuotaUsageReports> {
     let usage = |entries: &[(&str, &str)], allowed: u64, seconds: i64| BucketQuotaUsage {
         bucket_id: Some(BucketId {
@@ -405,6 +406,7 @@ fn sample_reports() -> Vec<RateLimitQuotaUsageReports> {
             usage(&[("nobody", "x")], 1, 5),
         ]),
         report(vec![usage(&[("user", "carol")], 1_000, 3_600)]),
+        report(vec![usage(&[("user", "dave")], u64::MAX, i64::MAX)]),
     ]
 }
 
