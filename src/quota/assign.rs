@@ -66,8 +66,8 @@ pub enum Assignment {
     },
 }
 
-/// The interval a report covers, from its `time_elapsed`: within [`SHORTEST_INTERVAL`] and
-/// [`LONGEST_INTERVAL`], and [`FIRST_INTERVAL`] for a first report (none, zero, or below
+/// The interval a report covers, from its `time_elapsed`: within `SHORTEST_INTERVAL` and
+/// `LONGEST_INTERVAL`, and [`FIRST_INTERVAL`] for a first report (none, zero, or below
 /// zero).
 pub fn interval(elapsed: Option<&pbjson_types::Duration>) -> Duration {
     match elapsed.and_then(|elapsed| Duration::try_from(*elapsed).ok()) {

@@ -74,7 +74,7 @@ const REPORT_DEADLINE: Duration = Duration::from_secs(1);
 
 /// The order of `entries` (a bucket's, which has none of its own) that is a path of
 /// `domain`'s rules in `rules` ending at a rule; `None` when no order is. The given
-/// order is tried first, then the sorted one, then (up to [`ORDERS_TRIED_UP_TO`]
+/// order is tried first, then the sorted one, then (up to `ORDERS_TRIED_UP_TO`
 /// entries) every other.
 pub fn bucket_descriptor(
     rules: &RuleSet,
@@ -98,8 +98,8 @@ impl RateLimiter {
     /// Charges each bucket's `allowed` requests (already let through by a data plane) to
     /// the counters of the rule its entries match in `domain` of `rules`, counted in full
     /// even past the limit, and adds its `requests` to the bucket's demand; answers what is
-    /// left of each, in the order of `usages`. [`BUCKETS_PER_CALL`] buckets go in one
-    /// backend call, [`CALLS_AT_ONCE`] calls at a time.
+    /// left of each, in the order of `usages`. `BUCKETS_PER_CALL` buckets go in one
+    /// backend call, `CALLS_AT_ONCE` calls at a time.
     pub async fn charge_buckets(
         &self,
         rules: &RuleSet,

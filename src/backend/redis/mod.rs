@@ -1,7 +1,7 @@
 //! Counters in Redis: every counter hit is decided inside Redis by floodgate's Lua script,
 //! and one script call decides the hits of many requests at once.
 //!
-//! Connections: a [`connect::Source`] opens them (a deadpool-redis pool for one address, or
+//! Connections: a `connect::Source` opens them (a deadpool-redis pool for one address, or
 //! the sentinels' current primary); the backend keeps `pool_size` of them for good and hands
 //! requests to them round-robin. Each is a multiplexed connection with a queue in front
 //! (`batcher.rs`): the hits of the requests waiting on it go out as one call, and a request
