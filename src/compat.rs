@@ -316,6 +316,16 @@ impl<'a> Translator<'a> {
             &var("POOL_SIZE"),
             "floodgate multiplexes one connection (redis_pool_size)",
         );
+        self.ignore(
+            &var("TIMEOUT"),
+            "each call has redis_command_timeout_ms (15 ms), then the rule's on_backend_error",
+        );
+        for pipelining in ["PIPELINE_WINDOW", "PIPELINE_LIMIT"] {
+            self.ignore(
+                &var(pipelining),
+                "the requests waiting on a connection always go as one call",
+            );
+        }
         Ok(())
     }
 
@@ -598,6 +608,29 @@ mod tests {
             let refused = translate(&env(&[("TRACING_ENABLED", "1"), (name, value)]));
             assert!(refused.unwrap_err().0.contains(name), "{name}={value}");
         }
+    }
+
+    #[test]
+    fn upstreams_timeouts_and_pipelining_are_named_as_ignored() {
+        let names = [
+            "REDIS_TIMEOUT",
+            "REDIS_PIPELINE_WINDOW",
+            "REDIS_PIPELINE_LIMIT",
+            "REDIS_PERSECOND_TIMEOUT",
+            "REDIS_PERSECOND_PIPELINE_WINDOW",
+            "REDIS_PERSECOND_PIPELINE_LIMIT",
+        ];
+        let mut vars: Vec<(&str, &str)> = names.iter().map(|name| (*name, "10s")).collect();
+        vars.push(("REDIS_PERSECOND", "true"));
+        let translated = translate(&env(&vars)).expect("translates");
+        for name in names {
+            let said = (translated.ignored.iter()).any(|why| why.starts_with(&format!("{name}:")));
+            assert!(said, "{name}: {:?}", translated.ignored);
+        }
+        assert_eq!(
+            value(&translated, "FLOODGATE_REDIS_COMMAND_TIMEOUT_MS"),
+            None
+        );
     }
 
     #[test]
