@@ -180,7 +180,12 @@ async fn reported_usage_is_charged_to_the_counters_should_rate_limit_uses() {
     let rls = server.ask(ask.clone()).await;
     assert_eq!((rls.overall_code, rls.statuses[0].limit_remaining), (OK, 8));
     // Eight more let through by the data plane exhaust it: DENY_ALL until the hour ends.
-    let exhausted = stream.report("quota", vec![usage(&alice, 8, 1000)]).await;
+    // (It refused 3 more.)
+    let eight = BucketQuotaUsage {
+        num_requests_denied: 3,
+        ..usage(&alice, 8, 1000)
+    };
+    let exhausted = stream.report("quota", vec![eight]).await;
     let (strategy, ttl) = assignment(&exhausted.expect("an answer"));
     assert!(is_blanket(&strategy, BlanketRule::DenyAll), "{strategy:?}");
     assert!(
@@ -206,6 +211,16 @@ async fn reported_usage_is_charged_to_the_counters_should_rate_limit_uses() {
     for (name, value) in figures {
         assert_eq!(server.metric(name), value, "{name}");
     }
+    // The rule's statistics count RLQS usage as ShouldRateLimit requests: 12 reported (9
+    // let through, 3 refused by the data plane) and the 2 asked; 3 refused and the last
+    // ShouldRateLimit over the limit.
+    let rule = |stat: &str| {
+        let name = format!("ratelimit_service_rate_limit_{stat}{{domain=\"quota\",key1=\"user\"}}");
+        server.metric(&name)
+    };
+    assert_eq!(rule("total_hits"), 14.0);
+    assert_eq!(rule("over_limit"), 4.0);
+    assert_eq!(rule("within_limit"), 10.0);
     drop(stream);
     let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
     while server.metric("floodgate_rlqs_streams") != 0.0 {

@@ -36,6 +36,9 @@ pub enum Judged {
     /// No counter decided (the backend failed and the rule's policy answered, or the request
     /// was rejected before this counter was asked): only a hit.
     Undecided,
+    /// Refused by a data plane on its own, from the quota floodgate assigned it (RLQS):
+    /// over the limit, as far as floodgate is concerned.
+    Refused,
 }
 
 impl RuleStats {
@@ -48,6 +51,7 @@ impl RuleStats {
         self.total_hits.add(hits);
         match judged {
             Judged::Undecided => {}
+            Judged::Refused => self.over_limit.add(hits),
             Judged::Unlimited => self.within_limit.add(hits),
             Judged::FromCache { shadow } => {
                 self.over_limit.add(hits);

@@ -9,9 +9,11 @@ use futures_util::StreamExt;
 use tokio::time::Instant;
 
 use super::RateLimiter;
+use super::response::most_restrictive;
 use crate::backend::{BackendError, CounterHit, OnReject};
 use crate::limiter::{Algorithm, CounterKey, Decision, Hits, Limit, Unit};
-use crate::rules::{Domain, Match, NamedLimit, OnBackendError, Policy, RuleSet};
+use crate::proto::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry;
+use crate::rules::{Domain, Judged, Match, NamedLimit, OnBackendError, Policy, Rule, RuleSet};
 
 /// How far back a bucket's demand is counted, across every replica: two of Envoy's 5 s
 /// report intervals, so that every instance that reports the bucket is in it.
@@ -144,12 +146,16 @@ impl RateLimiter {
                         hits.extend(charge_hits(domain, &found, limits, usage.allowed));
                         hits.push(demand_hit(domain, &found, usage.requests));
                         Charged::Counted {
+                            rule: found.rule,
                             policy: (found.rule.on_backend_error)
                                 .unwrap_or(self.options.on_backend_error),
                             shadow: found.rule.shadow_mode || self.options.shadow_mode,
                         }
                     }
-                    _ => Charged::Settled(BucketQuota::Unlimited),
+                    _ => {
+                        self.record_usage(domain, found.rule, usage, Judged::Unlimited);
+                        Charged::Settled(BucketQuota::Unlimited)
+                    }
                 },
             };
             buckets.push((charged, first..hits.len()));
@@ -161,15 +167,40 @@ impl RateLimiter {
             let answers = backend.hit_all(&hits, OnReject::Consume, Some(deadline));
             answers.await.results
         };
-        (buckets.into_iter())
-            .map(|(charged, span)| match charged {
+        (buckets.into_iter().zip(usages))
+            .map(|((charged, span), usage)| match charged {
                 Charged::Settled(quota) => quota,
-                Charged::Counted { policy, shadow } => {
-                    let quota = self.quota_left(&hits[span.clone()], &results[span], policy);
+                Charged::Counted {
+                    rule,
+                    policy,
+                    shadow,
+                } => {
+                    let (hits, results) = (&hits[span.clone()], &results[span]);
+                    let judged = judged(hits, results, rule.shadow_mode);
+                    self.record_usage(domain, rule, usage, judged);
+                    let quota = self.quota_left(hits, results, policy);
                     if shadow { BucketQuota::Shadowed } else { quota }
                 }
             })
             .collect()
+    }
+
+    /// Counts a bucket's reported usage in its rule's statistics, as ShouldRateLimit counts
+    /// its requests: the requests let through as the rule's counter `judged` them, those
+    /// the data plane refused over the limit.
+    fn record_usage(&self, domain: &str, rule: &Rule, usage: &BucketUsage<'_>, judged: Judged) {
+        let entries: Vec<Entry> = (usage.entries.iter())
+            .map(|(key, value)| Entry {
+                key: key.clone(),
+                value: value.clone(),
+            })
+            .collect();
+        let metrics = &self.metrics;
+        metrics.record_rule(domain, Some(rule), &entries, usage.allowed, judged);
+        let refused = usage.requests.saturating_sub(usage.allowed);
+        if refused > 0 {
+            metrics.record_rule(domain, Some(rule), &entries, refused, Judged::Refused);
+        }
     }
 
     /// What is left of one bucket's limit from the answers to its `hits`, the hits the
@@ -196,14 +227,37 @@ impl RateLimiter {
     }
 }
 
-/// A bucket of a backend call: settled without the backend, or counted there under its
-/// rule's `on_backend_error` and shadow mode.
-enum Charged {
+/// A bucket of a backend call: settled without the backend, or counted there for `rule`,
+/// under its `on_backend_error` and shadow mode.
+enum Charged<'r> {
     Settled(BucketQuota),
     Counted {
+        rule: &'r Rule,
         policy: OnBackendError,
         shadow: bool,
     },
+}
+
+/// How the counter of a bucket's rule judged the requests charged to it, for the rule's
+/// statistics: its tightest limit's decision, or undecided when the backend failed.
+fn judged(
+    hits: &[CounterHit<'_>],
+    results: &[Result<Decision, BackendError>],
+    shadow: bool,
+) -> Judged {
+    let limits = results.len().saturating_sub(1);
+    let decisions: Result<Vec<Decision>, _> = results[..limits].iter().cloned().collect();
+    let Ok(decisions) = decisions else {
+        return Judged::Undecided;
+    };
+    match most_restrictive(&decisions) {
+        Some((index, decision)) => Judged::Counted {
+            decision,
+            capacity: hits[index].limit.capacity(),
+            shadow,
+        },
+        None => Judged::Undecided,
+    }
 }
 
 /// The hits that charge `allowed` requests to each of `limits`, the limits of the rule
