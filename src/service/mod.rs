@@ -22,7 +22,7 @@ use std::sync::Arc;
 use arc_swap::ArcSwap;
 use tokio::time::Instant;
 
-use crate::backend::{Backend, BackendError, CounterHit, MemoryBackend, OnReject, Origin};
+use crate::backend::{Answers, Backend, BackendError, CounterHit, MemoryBackend, OnReject, Origin};
 use crate::limiter::{CounterKey, Decision, Limit, SECOND_MICROS};
 use crate::metrics::Metrics;
 use crate::proto::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
@@ -226,55 +226,84 @@ impl RateLimiter {
             }
         };
 
-        let mut hits = Vec::new();
-        // The failure policy of each hit, in the same order.
-        let mut policies = Vec::new();
-        for (descriptor, resolution) in request.descriptors.iter().zip(&resolutions) {
-            if let Resolution::Counted {
-                rule,
-                limits,
-                entries,
-            } = resolution
-            {
-                let policy = rule
-                    .and_then(|rule| rule.on_backend_error)
-                    .unwrap_or(self.options.on_backend_error);
-                policies.extend(std::iter::repeat_n(policy, limits.len()));
-                let rule_id = rule.map_or(OVERRIDE_RULE_ID, |rule| rule.id.as_str());
-                let cost = request::hits(request, descriptor);
-                let binding = self.binds(*rule);
-                for (index, (_, limit)) in limits.iter().enumerate() {
-                    hits.push(CounterHit {
-                        key: CounterKey::new(
-                            &request.domain,
-                            rule_id,
-                            index,
-                            limit,
-                            entries.iter().copied(),
-                        ),
-                        limit: limit.clone(),
-                        hits: cost,
-                        binding,
-                    });
-                }
-            }
-        }
+        let (hits, policies) = self.counter_hits(request, &resolutions);
         let traced = (span.filter(|_| !hits.is_empty()))
             .map(|span| span.backend_call(self.backend.kind(), hits.len()));
-        let mut answers = (self.backend)
+        let answers = (self.backend)
             .hit_all(&hits, self.options.on_reject, deadline)
             .await;
         if let Some(traced) = traced {
             traced.finish(&answers.results);
         }
+        let (decisions, judged_by) = self.decisions(&hits, policies, answers)?;
+        let combined = response::build(request, &resolutions, &decisions, &self.options);
+        stats::record(&self.metrics, request, &resolutions, &decisions, &judged_by);
+        if combined.shadowed {
+            self.metrics.record_global_shadow_mode();
+        }
+        Ok(combined.response)
+    }
+}
+
+impl RateLimiter {
+    /// The counter hits of a request's resolved descriptors, in order, and the failure
+    /// policy of each (its rule's `on_backend_error`, or the default).
+    fn counter_hits<'r>(
+        &self,
+        request: &RateLimitRequest,
+        resolutions: &'r [Resolution<'r>],
+    ) -> (Vec<CounterHit<'r>>, Vec<OnBackendError>) {
+        let mut hits = Vec::new();
+        let mut policies = Vec::new();
+        for (descriptor, resolution) in request.descriptors.iter().zip(resolutions) {
+            let Resolution::Counted {
+                rule,
+                limits,
+                entries,
+            } = resolution
+            else {
+                continue;
+            };
+            let policy = (rule.and_then(|rule| rule.on_backend_error))
+                .unwrap_or(self.options.on_backend_error);
+            policies.extend(std::iter::repeat_n(policy, limits.len()));
+            let rule_id = rule.map_or(OVERRIDE_RULE_ID, |rule| rule.id.as_str());
+            let cost = request::hits(request, descriptor);
+            let binding = self.binds(*rule);
+            for (index, (_, limit)) in limits.iter().enumerate() {
+                hits.push(CounterHit {
+                    key: CounterKey::new(
+                        &request.domain,
+                        rule_id,
+                        index,
+                        limit,
+                        entries.iter().copied(),
+                    ),
+                    limit: limit.clone(),
+                    hits: cost,
+                    binding,
+                });
+            }
+        }
+        (hits, policies)
+    }
+
+    /// Each hit's decision from the backend's `answers`, a failed hit decided by its
+    /// `policies` entry; and where each decision came from, for the statistics (a failed
+    /// hit answered by its policy was decided by no counter, unless the policy is `local`,
+    /// which counts). A policy that leaves the answer to the caller fails the request.
+    fn decisions(
+        &self,
+        hits: &[CounterHit<'_>],
+        policies: Vec<OnBackendError>,
+        mut answers: Answers,
+    ) -> Result<(Vec<Decision>, Vec<Origin>), BackendFailure> {
         let results = std::mem::take(&mut answers.results);
         // Stops at the first hit answered (the common case): that hit was counted.
         let nothing_counted = (results.iter().zip(&policies)).all(|(result, policy)| {
             *policy != OnBackendError::Local
                 && matches!(result, Err(error) if error.counted_nothing())
         });
-        // Where each decision came from, for the statistics. A failed hit answered by the
-        // rule's policy was decided by no counter, unless the policy is `local`, which counts.
         let mut judged_by = Vec::with_capacity(hits.len());
         let decisions = (hits.iter().zip(policies).zip(results).enumerate())
             .map(|(index, ((hit, policy), result))| {
@@ -291,16 +320,9 @@ impl RateLimiter {
                 error,
                 nothing_counted,
             })?;
-        let combined = response::build(request, &resolutions, &decisions, &self.options);
-        stats::record(&self.metrics, request, &resolutions, &decisions, &judged_by);
-        if combined.shadowed {
-            self.metrics.record_global_shadow_mode();
-        }
-        Ok(combined.response)
+        Ok((decisions, judged_by))
     }
-}
 
-impl RateLimiter {
     /// Whether a rejection of `rule`'s hits (`None`: a request override) makes the request
     /// OVER_LIMIT on its own, as `response::build` decides: not under global shadow mode, not
     /// a shadow-mode rule, and not a quota-mode one (those reject only all together).
