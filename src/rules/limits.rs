@@ -201,24 +201,7 @@ fn read_limit(
     rule: &str,
 ) -> Option<Limit> {
     let field = |name: &str| format!("{label}.{name}");
-    let unit = match fields.get("unit") {
-        None => {
-            let message = format!("{label}: missing `unit` (one of {UNITS})");
-            reader.error(fields.line, rule, message);
-            None
-        }
-        Some(node) => reader.string(node, &field("unit"), rule).and_then(|name| {
-            let unit = Unit::parse(&name);
-            if unit.is_none() {
-                let message = format!(
-                    "{}: unknown unit `{name}`; valid units: {UNITS}",
-                    field("unit")
-                );
-                reader.error(yaml::line(node), rule, message);
-            }
-            unit
-        }),
-    };
+    let unit = read_unit(reader, fields, label, rule);
     let requests_per_unit = match fields.get("requests_per_unit") {
         None => {
             let message = format!("{label}: missing `requests_per_unit` (0 blocks every request)");
@@ -227,24 +210,7 @@ fn read_limit(
         }
         Some(node) => reader.integer(node, &field("requests_per_unit"), 0, rule),
     };
-    let algorithm = match fields.get("algorithm") {
-        None => Some(Algorithm::default()),
-        Some(node) => reader
-            .string(node, &field("algorithm"), rule)
-            .and_then(|name| {
-                let algorithm = Algorithm::parse(&name);
-                if algorithm.is_none() {
-                    let valid: Vec<_> = Algorithm::ALL.iter().map(|a| a.name()).collect();
-                    let message = format!(
-                        "{}: unknown algorithm `{name}`; valid algorithms: {}",
-                        field("algorithm"),
-                        valid.join(", ")
-                    );
-                    reader.error(yaml::line(node), rule, message);
-                }
-                algorithm
-            }),
-    };
+    let algorithm = read_algorithm(reader, fields, label, rule);
     let unit_multiplier = match fields.get("unit_multiplier") {
         None => Some(1),
         Some(node) => reader.integer(node, &field("unit_multiplier"), 1, rule),
@@ -309,6 +275,51 @@ fn read_limit(
         return None;
     }
     Some(limit)
+}
+
+/// A limit's `unit`, which it must have; `None` after saying why it has none.
+fn read_unit(
+    reader: &mut Reader<'_, '_>,
+    fields: &Fields<'_, '_>,
+    label: &str,
+    rule: &str,
+) -> Option<Unit> {
+    let Some(node) = fields.get("unit") else {
+        let message = format!("{label}: missing `unit` (one of {UNITS})");
+        reader.error(fields.line, rule, message);
+        return None;
+    };
+    let name = reader.string(node, &format!("{label}.unit"), rule)?;
+    let unit = Unit::parse(&name);
+    if unit.is_none() {
+        let message = format!("{label}.unit: unknown unit `{name}`; valid units: {UNITS}");
+        reader.error(yaml::line(node), rule, message);
+    }
+    unit
+}
+
+/// A limit's `algorithm` (the default when it names none); `None` after saying why it is
+/// not one.
+fn read_algorithm(
+    reader: &mut Reader<'_, '_>,
+    fields: &Fields<'_, '_>,
+    label: &str,
+    rule: &str,
+) -> Option<Algorithm> {
+    let Some(node) = fields.get("algorithm") else {
+        return Some(Algorithm::default());
+    };
+    let name = reader.string(node, &format!("{label}.algorithm"), rule)?;
+    let algorithm = Algorithm::parse(&name);
+    if algorithm.is_none() {
+        let valid: Vec<_> = Algorithm::ALL.iter().map(|a| a.name()).collect();
+        let message = format!(
+            "{label}.algorithm: unknown algorithm `{name}`; valid algorithms: {}",
+            valid.join(", ")
+        );
+        reader.error(yaml::line(node), rule, message);
+    }
+    algorithm
 }
 
 /// An optional field as read: `Some(None)` when not written, `None` when written but invalid.
