@@ -374,41 +374,18 @@ pub fn batch_reply(reply: &redis::Value, groups: &[Group<'_>]) -> Result<BatchRe
 pub fn batch_answer(reply: &redis::Value, groups: &[Group<'_>]) -> Result<BatchAnswer, String> {
     let plan = Plan::new(groups);
     let total = groups.iter().map(|g| g.hits.len()).sum();
-    let mut items = array(reply)?.iter().peekable();
-    let now_micros = match items.next() {
-        Some(redis::Value::Int(now)) => non_negative(*now, "its instant")?,
-        other => {
-            return Err(format!(
-                "rate-limit script replied {other:?} for its instant, not an integer"
-            ));
-        }
-    };
-    if let Some(redis::Value::BulkString(text)) = items.peek()
+    let mut reply = Reply(array(reply)?.iter().peekable());
+    let now_micros = reply.instant("its instant")?;
+    if let Some(redis::Value::BulkString(text)) = reply.0.peek()
         && text.as_slice() == b"late"
     {
-        items.next();
-        if let Some(extra) = items.next() {
+        reply.0.next();
+        if let Some(extra) = reply.0.next() {
             return Err(format!("rate-limit script replied {extra:?} after 'late'"));
         }
         return Ok(BatchAnswer::Late { now_micros });
     }
-    let finished_micros = match items.next() {
-        Some(redis::Value::Int(finished)) => non_negative(*finished, "its end")?,
-        other => {
-            return Err(format!(
-                "rate-limit script replied {other:?} for its end, not an integer"
-            ));
-        }
-    };
-    let mut next = |what: &str| -> Result<i64, String> {
-        match items.next() {
-            Some(redis::Value::Int(n)) => Ok(*n),
-            Some(other) => Err(format!(
-                "rate-limit script replied {what} = {other:?}, not an integer"
-            )),
-            None => Err(format!("rate-limit script reply ends before {what}")),
-        }
-    };
+    let finished_micros = reply.instant("its end")?;
     // One decision per hit in call order; `None` for a hit that failed, whose message comes
     // after the numbers, in the order sent.
     let mut decisions: Vec<Option<Result<Decision, String>>> = vec![None; total];
@@ -419,14 +396,14 @@ pub fn batch_answer(reply: &redis::Value, groups: &[Group<'_>]) -> Result<BatchA
         match section {
             Section::Runs { hits, .. } => {
                 for &(index, _) in hits {
-                    match hit_decision(next("code")?, next("reset")?)? {
+                    match reply.decision()? {
                         Some(decision) => decisions[index] = Some(Ok(decision)),
                         None => failures.push(vec![index]),
                     }
                 }
             }
             Section::All { first, hits } => {
-                let flag = match next("applied")? {
+                let flag = match reply.integer("applied")? {
                     -1 => None,
                     0 => Some(false),
                     1 => Some(true),
@@ -435,7 +412,7 @@ pub fn batch_answer(reply: &redis::Value, groups: &[Group<'_>]) -> Result<BatchA
                 applied.push(flag);
                 let indices = *first..first + hits.len();
                 for index in indices.clone() {
-                    if let Some(decision) = hit_decision(next("code")?, next("reset")?)? {
+                    if let Some(decision) = reply.decision()? {
                         decisions[index] = Some(Ok(decision));
                     }
                 }
@@ -446,20 +423,12 @@ pub fn batch_answer(reply: &redis::Value, groups: &[Group<'_>]) -> Result<BatchA
         }
     }
     for failed in failures {
-        let text = match items.next() {
-            Some(redis::Value::BulkString(bytes)) => String::from_utf8_lossy(bytes).into_owned(),
-            Some(redis::Value::SimpleString(text)) => text.clone(),
-            other => {
-                return Err(format!(
-                    "rate-limit script replied {other:?}, not a message"
-                ));
-            }
-        };
+        let text = reply.message()?;
         for index in failed {
             decisions[index] = Some(Err(text.clone()));
         }
     }
-    if let Some(extra) = items.next() {
+    if let Some(extra) = reply.0.next() {
         return Err(format!(
             "rate-limit script replied more than its calls: {extra:?}"
         ));
@@ -473,6 +442,51 @@ pub fn batch_answer(reply: &redis::Value, groups: &[Group<'_>]) -> Result<BatchA
         finished_micros,
         reply: BatchReply { decisions, applied },
     })
+}
+
+/// The items of a script's reply, read in order.
+struct Reply<'a>(std::iter::Peekable<std::slice::Iter<'a, redis::Value>>);
+
+impl Reply<'_> {
+    /// The next item, an integer: `what` the script reports.
+    fn integer(&mut self, what: &str) -> Result<i64, String> {
+        match self.0.next() {
+            Some(redis::Value::Int(n)) => Ok(*n),
+            Some(other) => Err(format!(
+                "rate-limit script replied {what} = {other:?}, not an integer"
+            )),
+            None => Err(format!("rate-limit script reply ends before {what}")),
+        }
+    }
+
+    /// The next item, an instant on Redis' clock (µs).
+    fn instant(&mut self, what: &str) -> Result<u64, String> {
+        match self.0.next() {
+            Some(redis::Value::Int(micros)) => non_negative(*micros, what),
+            other => Err(format!(
+                "rate-limit script replied {other:?} for {what}, not an integer"
+            )),
+        }
+    }
+
+    /// The next two items, a hit's code and reset: its decision, `None` when it failed.
+    fn decision(&mut self) -> Result<Option<Decision>, String> {
+        let code = self.integer("code")?;
+        hit_decision(code, self.integer("reset")?)
+    }
+
+    /// The next item, a failed call's message.
+    fn message(&mut self) -> Result<String, String> {
+        match self.0.next() {
+            Some(redis::Value::BulkString(bytes)) => {
+                Ok(String::from_utf8_lossy(bytes).into_owned())
+            }
+            Some(redis::Value::SimpleString(text)) => Ok(text.clone()),
+            other => Err(format!(
+                "rate-limit script replied {other:?}, not a message"
+            )),
+        }
+    }
 }
 
 /// One hit's two integers: `code` (remaining + 1 if allowed, -(remaining + 1) if rejected,
