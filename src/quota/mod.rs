@@ -175,19 +175,18 @@ impl QuotaStream {
         answers: mpsc::Sender<Result<RateLimitQuotaResponse, Status>>,
         mut stopped: watch::Receiver<bool>,
     ) {
-        loop {
+        // The status that ends the stream, if floodgate ends it.
+        let ending = loop {
             let report = tokio::select! {
                 report = reports.next() => report,
                 () = stopping(&mut stopped) => {
-                    let leaving = Status::unavailable("floodgate is shutting down: report to another replica");
-                    let _ = answers.send(Err(leaving)).await;
-                    break;
+                    break Some(Status::unavailable("floodgate is shutting down: report to another replica"));
                 }
             };
             let reply = match report {
                 Some(Ok(report)) => self.traced_answer(report).await,
                 // The data plane ended the stream, or its connection broke.
-                None | Some(Err(_)) => break,
+                None | Some(Err(_)) => break None,
             };
             // Nothing to change (the backend could not count): no message.
             if !reply.actions.is_empty() {
@@ -195,16 +194,20 @@ impl QuotaStream {
                     bucket_action: reply.actions,
                 };
                 if answers.send(Ok(response)).await.is_err() {
-                    break;
+                    break None;
                 }
             }
             if let Some((why, refusal)) = reply.refusal {
                 self.limiter.metrics().quota().refused(why);
-                let _ = answers.send(Err(refusal)).await;
-                break;
+                break Some(refusal);
             }
-        }
+        };
+        // Counted closed before the data plane hears of it, so that what it reads next on
+        // the metrics page agrees.
         (self.limiter.metrics().quota()).stream_closed(self.buckets.len());
+        if let Some(status) = ending {
+            let _ = answers.send(Err(status)).await;
+        }
     }
 
     /// [`QuotaStream::answer`], traced as a span `floodgate.rlqs.report` when tracing is

@@ -26,8 +26,9 @@ const ORDERS_TRIED_UP_TO: usize = 6;
 /// What is left of a bucket's limit once its usage is charged.
 #[derive(Debug, Clone, PartialEq)]
 pub enum BucketQuota {
-    /// No rule of the domain matches the bucket (or the domain is unknown): like a
-    /// descriptor no rule matches, it is not limited.
+    /// No rule of the domain matches the bucket (or the domain is unknown). The stream
+    /// refuses such buckets before charging; a caller that charges without matching first
+    /// gets this, and `crate::quota::assign` does not limit it.
     NoRule,
     /// `unlimited: true`.
     Unlimited,
