@@ -9,7 +9,6 @@
 //! that expires first among a few picked at random (`bounded.rs`), in constant time.
 
 use std::hash::BuildHasher;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use foldhash::fast::RandomState;
@@ -33,22 +32,29 @@ struct Entry {
 
 /// Exhausted counters and when each gets quota back.
 pub struct OverLimitCache {
-    shards: Box<[Mutex<Entries>]>,
+    shards: Box<[Mutex<Shard>]>,
     hasher: RandomState,
     capacity_per_shard: usize,
     clock: Arc<dyn Clock>,
+}
+
+/// One shard: its entries, and what it did since start, counted under the lock a request
+/// already holds (no counter shared by every request).
+#[derive(Default)]
+struct Shard {
+    entries: Entries,
     counts: Counts,
 }
 
-/// What the cache did since start, as envoyproxy/ratelimit's local cache (freecache) counts
+/// What a shard did since start, as envoyproxy/ratelimit's local cache (freecache) counts
 /// it: each is one of its `ratelimit.localcache.*` gauges.
-#[derive(Debug, Default)]
+#[derive(Debug, Default, Clone, Copy)]
 struct Counts {
-    lookups: AtomicU64,
-    hits: AtomicU64,
-    expired: AtomicU64,
-    evacuated: AtomicU64,
-    overwrites: AtomicU64,
+    lookups: u64,
+    hits: u64,
+    expired: u64,
+    evacuated: u64,
+    overwrites: u64,
 }
 
 /// The cache's counts at one moment ([`OverLimitCache::counts`]).
@@ -100,13 +106,10 @@ impl OverLimitCache {
     /// A cache of at most `capacity` counters (0 disables it).
     pub fn new(capacity: usize, clock: Arc<dyn Clock>) -> Self {
         OverLimitCache {
-            shards: (0..SHARDS)
-                .map(|_| Mutex::new(IndexMap::with_hasher(RandomState::default())))
-                .collect(),
+            shards: (0..SHARDS).map(|_| Mutex::default()).collect(),
             hasher: RandomState::default(),
             capacity_per_shard: capacity.div_ceil(SHARDS),
             clock,
-            counts: Counts::default(),
         }
     }
 
@@ -121,24 +124,25 @@ impl OverLimitCache {
         if self.capacity_per_shard == 0 {
             return None;
         }
-        let mut shard = self.shard(key);
+        let mut guard = self.shard(key);
+        let Shard { entries, counts } = &mut *guard;
         if hits.negative {
-            shard.swap_remove(key);
+            entries.swap_remove(key);
             return None;
         }
         if hits.amount == 0 {
             return None;
         }
-        self.counts.lookups.fetch_add(1, Ordering::Relaxed);
-        let entry = shard.get_mut(key)?;
+        counts.lookups += 1;
+        let entry = entries.get_mut(key)?;
         let now = self.clock.now_micros();
         if entry.until <= now {
-            shard.swap_remove(key);
-            self.counts.expired.fetch_add(1, Ordering::Relaxed);
+            entries.swap_remove(key);
+            counts.expired += 1;
             return None;
         }
         entry.accessed = seconds(now);
-        self.counts.hits.fetch_add(1, Ordering::Relaxed);
+        counts.hits += 1;
         Some(Decision {
             allowed: false,
             remaining: 0,
@@ -170,39 +174,40 @@ impl OverLimitCache {
             until,
             accessed: seconds(now),
         };
-        let mut shard = self.shard(key);
-        if let Some(known) = shard.get_mut(key) {
+        let mut guard = self.shard(key);
+        let Shard { entries, counts } = &mut *guard;
+        if let Some(known) = entries.get_mut(key) {
             *known = entry;
-            self.counts.overwrites.fetch_add(1, Ordering::Relaxed);
+            counts.overwrites += 1;
             return;
         }
-        let dropped = match make_room(&mut shard, self.capacity_per_shard, now, |e| e.until) {
-            Room::Free => None,
-            Room::Expired => Some(&self.counts.expired),
-            Room::Evicted => Some(&self.counts.evacuated),
-        };
-        if let Some(count) = dropped {
-            count.fetch_add(1, Ordering::Relaxed);
+        match make_room(entries, self.capacity_per_shard, now, |e| e.until) {
+            Room::Free => {}
+            Room::Expired => counts.expired += 1,
+            Room::Evicted => counts.evacuated += 1,
         }
-        shard.insert(key.clone(), entry);
+        entries.insert(key.clone(), entry);
     }
 
     /// Forgets `key` (its counter was reset).
     pub fn forget(&self, key: &CounterKey) {
-        self.shard(key).swap_remove(key);
+        self.shard(key).entries.swap_remove(key);
     }
 
     /// Forgets every counter: after a rule reload a limit may have been raised, and a counter
     /// remembered as exhausted under the old limit may have quota under the new one.
     pub fn clear(&self) {
         for shard in &self.shards {
-            lock(shard).clear();
+            lock(shard).entries.clear();
         }
     }
 
     /// How many counters are remembered.
     pub fn len(&self) -> usize {
-        self.shards.iter().map(|shard| lock(shard).len()).sum()
+        self.shards
+            .iter()
+            .map(|shard| lock(shard).entries.len())
+            .sum()
     }
 
     pub fn is_empty(&self) -> bool {
@@ -213,29 +218,34 @@ impl OverLimitCache {
     /// periodic report, not the request path).
     pub fn counts(&self) -> CacheCounts {
         let (mut entries, mut accessed) = (0u64, 0u128);
+        let mut total = Counts::default();
         for shard in &self.shards {
             let shard = lock(shard);
-            entries += shard.len() as u64;
-            accessed += (shard.values())
+            entries += shard.entries.len() as u64;
+            accessed += (shard.entries.values())
                 .map(|e| u128::from(e.accessed))
                 .sum::<u128>();
+            let counts = shard.counts;
+            total.lookups += counts.lookups;
+            total.hits += counts.hits;
+            total.expired += counts.expired;
+            total.evacuated += counts.evacuated;
+            total.overwrites += counts.overwrites;
         }
-        let read = |count: &AtomicU64| count.load(Ordering::Relaxed);
-        let (lookups, hits) = (read(&self.counts.lookups), read(&self.counts.hits));
         let average = accessed.checked_div(u128::from(entries)).unwrap_or(0);
         CacheCounts {
-            lookups,
-            hits,
-            misses: lookups.saturating_sub(hits),
+            lookups: total.lookups,
+            hits: total.hits,
+            misses: total.lookups.saturating_sub(total.hits),
             entries,
-            expired: read(&self.counts.expired),
-            evacuated: read(&self.counts.evacuated),
-            overwrites: read(&self.counts.overwrites),
+            expired: total.expired,
+            evacuated: total.evacuated,
+            overwrites: total.overwrites,
             average_access_time: u64::try_from(average).unwrap_or(u64::MAX),
         }
     }
 
-    fn shard(&self, key: &CounterKey) -> MutexGuard<'_, Entries> {
+    fn shard(&self, key: &CounterKey) -> MutexGuard<'_, Shard> {
         let index = usize::try_from(self.hasher.hash_one(key)).unwrap_or(0) % SHARDS;
         lock(&self.shards[index])
     }
