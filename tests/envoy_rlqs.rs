@@ -108,10 +108,9 @@ async fn an_exhausted_limit_is_denied_by_envoy_until_it_resets() {
     );
 }
 
-/// A bucket no rule matches ends Envoy's stream with NOT_FOUND, after the report's other
-/// buckets are answered: Envoy keeps those assignments, reopens the stream at its next
-/// report, and applies its own `no_assignment_behavior` (here: let through) to the bucket
-/// floodgate does not limit.
+/// A bucket no rule matches gets no assignment: Envoy applies its own
+/// `no_assignment_behavior` (here: let through) to it, the other buckets keep their
+/// assignments, and Envoy's one stream stays open (no reconnection every report).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_bucket_no_rule_matches_is_left_to_envoy_and_the_others_keep_their_assignments() {
     let rules = RLQS_RULES.1.replace(
@@ -141,9 +140,15 @@ async fn a_bucket_no_rule_matches_is_left_to_envoy_and_the_others_keep_their_ass
         assert_eq!(envoy.get("/", &[("x-user", "bob")]).status, 429);
         assert_eq!(envoy.get("/", &[("x-user", "mallory")]).status, 200);
     }
-    let refused = r#"floodgate_rlqs_refused_reports_total{code="NOT_FOUND"}"#;
-    assert!(server.metric(refused) >= 2.0, "{}", server.metric(refused));
-    assert!(server.metric("floodgate_rlqs_streams_opened_total") >= 2.0);
+    // Envoy's reports carried mallory's bucket every 5 s, on one stream.
+    std::thread::sleep(Duration::from_secs(6));
+    let unmatched = r#"floodgate_rlqs_unmatched_buckets_total{domain="rlqs_demo"}"#;
+    assert!(
+        server.metric(unmatched) >= 2.0,
+        "{}",
+        server.metric(unmatched)
+    );
+    assert_eq!(server.metric("floodgate_rlqs_streams_opened_total"), 1.0);
 }
 
 /// The issue's target: two Envoys, each reporting to its own floodgate, two floodgates on
@@ -207,4 +212,88 @@ async fn two_envoys_on_two_replicas_share_one_limit_of_100_a_minute() {
     for server in &replicas {
         assert_eq!(server.metric(grpc_calls), 0.0, "no ShouldRateLimit call");
     }
+}
+
+/// The issue's case with the real Envoy: the example, its rule made 5 per 10 s, one client
+/// hammering each of two Envoys (~45 requests a second, a user each). Envoy's report timer
+/// starts at its first request, so the first request's phase places every report: one
+/// Envoy reports 1.5 s before each reset (where a `DENY_ALL` running out at the reset once
+/// left Envoy to `expired_assignment_behavior` for most of the next window: 135 let
+/// through a window of 5), the other 0.5 s after it. Every whole window after the first
+/// lets through at most the limit and two tokens (docs/algorithms.md, "RLQS
+/// assignments"), and at least 4 of the 5 (the new window's assignment comes at its reset).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reports_just_before_and_after_a_reset_hold_the_limit_in_every_window() {
+    let rules = RLQS_RULES.1.replace(
+        "{unit: minute, requests_per_unit: 100}",
+        "{unit: second, unit_multiplier: 10, requests_per_unit: 5}",
+    );
+    assert_ne!(rules, RLQS_RULES.1, "the example's rule changed");
+    let server = Floodgate::start_with_env(
+        &[(RLQS_RULES.0, rules.as_str())],
+        &[],
+        &[("FLOODGATE_RLQS_TRACE", "1")],
+    );
+    let app = App::start();
+    let envoys = [
+        Envoy::start(&rlqs_config(server.grpc_addr, app.addr)),
+        Envoy::start(&rlqs_config(server.grpc_addr, app.addr)),
+    ];
+    let unix = || {
+        (std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH))
+            .expect("after 1970")
+            .as_secs_f64()
+    };
+    // First requests 8.5 s and 10.5 s into a window: reports 1.5 s before each reset, and
+    // 0.5 s after it.
+    let window_start = (unix() / 10.0).floor() * 10.0 + 10.0;
+    let firsts = [window_start + 8.5, window_start + 10.5];
+    let end = window_start + 55.0;
+    let windows: Vec<std::collections::BTreeMap<u64, u64>> = std::thread::scope(|scope| {
+        let hammers: Vec<_> = (envoys.iter().zip(firsts).enumerate())
+            .map(|(index, (envoy, first))| {
+                scope.spawn(move || {
+                    let user = format!("phase-{index}");
+                    std::thread::sleep(Duration::from_secs_f64((first - unix()).max(0.0)));
+                    let mut let_through = std::collections::BTreeMap::new();
+                    while unix() < end {
+                        let sent = unix();
+                        if envoy.get("/", &[("x-user", &user)]).status == 200 {
+                            *let_through.entry((sent / 10.0) as u64).or_default() += 1;
+                        }
+                        std::thread::sleep(Duration::from_millis(20));
+                    }
+                    let_through
+                })
+            })
+            .collect();
+        hammers
+            .into_iter()
+            .map(|h| h.join().expect("a hammer"))
+            .collect()
+    });
+    for line in envoys[0]
+        .log()
+        .lines()
+        .filter(|l| l.contains("oken") || l.contains("response") || l.contains("xpir"))
+    {
+        eprintln!("ENVOY {line}");
+    }
+    for (windows, first) in windows.iter().zip(firsts) {
+        eprintln!(
+            "first request at {:.1} s of a window: {windows:?}",
+            first % 10.0
+        );
+        // The whole windows after the first one an Envoy took part in.
+        let whole = ((first / 10.0) as u64 + 1)..((end / 10.0) as u64);
+        for window in whole {
+            let count = windows.get(&window).copied().unwrap_or(0);
+            assert!(
+                (4..=7).contains(&count),
+                "{count} let through window {window}, 5 a window and two tokens: {windows:?}\n{}",
+                envoys[0].log()
+            );
+        }
+    }
+    assert_eq!(server.metric("floodgate_rlqs_streams_opened_total"), 2.0);
 }

@@ -8,14 +8,19 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 pub use histogram::{BOUNDS_MICROS, Histogram, Snapshot};
 
-/// A monotonically increasing count.
+/// A monotonically increasing count, which stops at `u64::MAX` rather than wrap (a data
+/// plane may report that many requests at once).
 #[derive(Debug, Default)]
 pub struct Counter(AtomicU64);
 
 impl Counter {
     pub fn add(&self, amount: u64) {
         if amount > 0 {
-            self.0.fetch_add(amount, Ordering::Relaxed);
+            let previous = self.0.fetch_add(amount, Ordering::Relaxed);
+            if previous.checked_add(amount).is_none() {
+                // Wrapped: what the other adds did since is lost in a count this large.
+                self.0.store(u64::MAX, Ordering::Relaxed);
+            }
         }
     }
 

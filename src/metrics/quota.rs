@@ -1,6 +1,8 @@
 //! The Rate Limit Quota Service's figures: streams open and opened, reports, buckets held,
 //! assignments by strategy, abandoned buckets and refused reports.
 
+use std::collections::BTreeMap;
+use std::sync::Mutex;
 use std::sync::atomic::{AtomicI64, Ordering};
 
 use super::exposition::{Exposition, Kind};
@@ -31,21 +33,26 @@ impl Strategy {
 pub enum Refusal {
     /// The report or one of its buckets cannot be read (gRPC INVALID_ARGUMENT).
     Forbidden,
-    /// No rule matches some of its buckets (gRPC NOT_FOUND); the others were answered.
-    Unmatched,
 }
 
 impl Refusal {
-    const ALL: [Refusal; 2] = [Refusal::Forbidden, Refusal::Unmatched];
+    const ALL: [Refusal; 1] = [Refusal::Forbidden];
 
     /// The gRPC status code the stream ends with.
     pub fn code_name(self) -> &'static str {
         match self {
             Refusal::Forbidden => "INVALID_ARGUMENT",
-            Refusal::Unmatched => "NOT_FOUND",
         }
     }
 }
+
+/// The `domain` label of buckets no rule matches in a domain the rules do not know: such a
+/// domain comes from the data plane, and is not kept in a label.
+const UNKNOWN_DOMAIN: &str = "(unknown)";
+
+/// Domains [`QuotaStats`] keeps a series of unmatched buckets for; past them, the others
+/// are counted as [`UNKNOWN_DOMAIN`].
+const UNMATCHED_DOMAINS_KEPT: usize = 1_000;
 
 /// Counted by `crate::quota` as streams come and go.
 #[derive(Debug, Default)]
@@ -57,6 +64,9 @@ pub struct QuotaStats {
     assignments: [Counter; Strategy::ALL.len()],
     abandoned: Counter,
     refused: [Counter; Refusal::ALL.len()],
+    pushed: Counter,
+    /// Reported buckets no rule matches, by domain (those the rules know).
+    unmatched: Mutex<BTreeMap<String, u64>>,
 }
 
 impl QuotaStats {
@@ -88,6 +98,22 @@ impl QuotaStats {
         self.abandoned.add(1);
     }
 
+    /// An assignment sent at a window's reset, with no report.
+    pub fn pushed(&self) {
+        self.pushed.add(1);
+    }
+
+    /// A reported bucket no rule matches, in `domain` when the rules know it.
+    pub fn unmatched(&self, domain: Option<&str>) {
+        let mut counts = self.unmatched.lock().unwrap_or_else(|e| e.into_inner());
+        let known = domain
+            .filter(|domain| counts.contains_key(*domain) || counts.len() < UNMATCHED_DOMAINS_KEPT);
+        let count = counts
+            .entry(known.unwrap_or(UNKNOWN_DOMAIN).to_owned())
+            .or_default();
+        *count = count.saturating_add(1);
+    }
+
     /// A report refused, which ended its stream.
     pub fn refused(&self, why: Refusal) {
         self.refused[why as usize].add(1);
@@ -110,6 +136,11 @@ impl QuotaStats {
                 "Buckets abandoned because their rule went away.",
                 self.abandoned.get(),
             ),
+            (
+                "floodgate_rlqs_reset_assignments_total",
+                "RLQS assignments sent at a window's reset, before the data plane's next report.",
+                self.pushed.get(),
+            ),
         ];
         for (name, help, value) in counters {
             page.family(name, Kind::Counter, help);
@@ -131,9 +162,18 @@ impl QuotaStats {
             page.family(name, Kind::Gauge, help);
             page.sample(name, &[], value);
         }
+        let name = "floodgate_rlqs_unmatched_buckets_total";
+        let help = "Reported RLQS buckets no rule matches, left to the data plane's \
+                    no_assignment_behavior, by domain ((unknown): a domain without rules).";
+        page.family(name, Kind::Counter, help);
+        let counts = self.unmatched.lock().unwrap_or_else(|e| e.into_inner());
+        for (domain, count) in counts.iter() {
+            page.sample(name, &[("domain", domain)], *count);
+        }
+        drop(counts);
         let name = "floodgate_rlqs_refused_reports_total";
         let help = "RLQS reports refused, ending their stream, by gRPC status: INVALID_ARGUMENT \
-                    (it or a bucket cannot be read), NOT_FOUND (no rule matches some of its buckets).";
+                    (it, or a bucket of it, cannot be read).";
         page.family(name, Kind::Counter, help);
         for why in Refusal::ALL {
             let count = self.refused[why as usize].get();

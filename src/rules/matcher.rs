@@ -58,6 +58,68 @@ impl Domain {
     }
 }
 
+/// The lookups [`Domain::order_matching`] may make for one set of entries: enough for any
+/// tree a rule file holds, and a bound on what an unmatched bucket costs whatever the tree.
+const LOOKUPS_PER_ORDER_SEARCH: usize = 4_096;
+
+impl Domain {
+    /// An order of `entries` (which have none of their own: an RLQS bucket's) in which
+    /// [`Domain::find`] reaches a rule, as indexes into `entries`; `None` when no order does.
+    /// Orders are tried in their lexicographic order (the given one first), walking the
+    /// tree: an entry no node of a level takes is not tried there again, so a bucket that
+    /// matches nothing costs one lookup per entry at the first level, not one per order.
+    pub fn order_matching(&self, entries: &[(String, String)]) -> Option<Vec<usize>> {
+        let mut search = OrderSearch {
+            entries,
+            used: vec![false; entries.len()],
+            order: Vec::with_capacity(entries.len()),
+            lookups_left: LOOKUPS_PER_ORDER_SEARCH,
+        };
+        (!entries.is_empty() && search.from(&self.descriptors)).then_some(search.order)
+    }
+}
+
+/// A depth-first search for an order of entries that leads to a rule.
+struct OrderSearch<'e> {
+    entries: &'e [(String, String)],
+    used: Vec<bool>,
+    order: Vec<usize>,
+    lookups_left: usize,
+}
+
+impl OrderSearch<'_> {
+    /// Whether the unused entries, in some order, lead from `level` to a rule (then `order`
+    /// holds the whole path).
+    fn from(&mut self, level: &Descriptors) -> bool {
+        for index in 0..self.entries.len() {
+            if self.used[index] {
+                continue;
+            }
+            if self.lookups_left == 0 {
+                return false;
+            }
+            self.lookups_left -= 1;
+            let (key, value) = &self.entries[index];
+            let Some(node) = level.lookup(key, value) else {
+                continue;
+            };
+            self.used[index] = true;
+            self.order.push(index);
+            let found = if self.order.len() == self.entries.len() {
+                node.rule.is_some()
+            } else {
+                self.from(&node.children)
+            };
+            if found {
+                return true;
+            }
+            self.used[index] = false;
+            self.order.pop();
+        }
+        false
+    }
+}
+
 impl Descriptors {
     /// The node one request entry selects at this level, if any.
     fn lookup(&self, key: &str, value: &str) -> Option<&DescriptorNode> {

@@ -39,6 +39,15 @@ pub enum Judged {
     /// Refused by a data plane on its own, from the quota floodgate assigned it (RLQS):
     /// over the limit, as far as floodgate is concerned.
     Refused,
+    /// Let through by a data plane and charged after the fact (RLQS) to a counter that had
+    /// `found_remaining` of `capacity` left: the hits that fitted are within the limit (and
+    /// near it above the threshold), the rest over it, as the same hits sent one by one
+    /// through ShouldRateLimit would be counted.
+    Charged {
+        found_remaining: u64,
+        capacity: u64,
+        shadow: bool,
+    },
 }
 
 impl RuleStats {
@@ -58,6 +67,24 @@ impl RuleStats {
                 self.over_limit_with_local_cache.add(hits);
                 if shadow {
                     self.shadow_mode.add(hits);
+                }
+            }
+            Judged::Charged {
+                found_remaining,
+                capacity,
+                shadow,
+            } => {
+                let near = (capacity as f64 * near_limit_ratio) as u64;
+                let before = capacity.saturating_sub(found_remaining);
+                let fitted_to = before.saturating_add(hits).min(capacity);
+                let within = fitted_to - before;
+                self.within_limit.add(within);
+                if fitted_to > near {
+                    self.near_limit.add(fitted_to - before.max(near));
+                }
+                self.over_limit.add(hits - within);
+                if shadow {
+                    self.shadow_mode.add(hits - within);
                 }
             }
             Judged::Counted {
@@ -132,6 +159,35 @@ mod tests {
             stats.near_limit.get(),
             stats.over_limit.get(),
         ]
+    }
+
+    #[test]
+    fn usage_charged_after_the_fact_is_split_as_single_hits_would_be() {
+        // 10 let through on a count of 97 of 100 (near from 80): 3 fitted, all 3 near the
+        // limit, 7 over it, as ten ShouldRateLimit calls would have been counted.
+        let stats = RuleStats::default();
+        let charged = Judged::Charged {
+            found_remaining: 3,
+            capacity: 100,
+            shadow: false,
+        };
+        stats.record(10, charged, 0.8);
+        assert_eq!(counts(&stats), [10, 3, 3, 7]);
+        // On a count already past the limit, all over; well below it, all within.
+        let stats = RuleStats::default();
+        let over = Judged::Charged {
+            found_remaining: 0,
+            capacity: 100,
+            shadow: false,
+        };
+        stats.record(4, over, 0.8);
+        let within = Judged::Charged {
+            found_remaining: 90,
+            capacity: 100,
+            shadow: false,
+        };
+        stats.record(5, within, 0.8);
+        assert_eq!(counts(&stats), [9, 5, 0, 4]);
     }
 
     #[test]

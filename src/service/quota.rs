@@ -9,19 +9,20 @@ use futures_util::StreamExt;
 use tokio::time::Instant;
 
 use super::RateLimiter;
-use super::response::most_restrictive;
 use crate::backend::{BackendError, CounterHit, OnReject};
 use crate::limiter::{Algorithm, CounterKey, Decision, Hits, Limit, Unit};
 use crate::proto::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry;
 use crate::rules::{Domain, Judged, Match, NamedLimit, OnBackendError, Policy, Rule, RuleSet};
 
-/// How far back a bucket's demand is counted, across every replica: two of Envoy's 5 s
-/// report intervals, so that every instance that reports the bucket is in it.
-pub const DEMAND_WINDOW: Duration = Duration::from_secs(10);
+/// The periods a bucket's demand is summed over: Envoy reports every bucket once every 5 s,
+/// so each period of that length holds one report of every stream. A stream adds its rate
+/// to the period after the one it reports in, and reads the one it reports in, which
+/// every other stream finished writing in the period before: the sum of every stream's
+/// latest rate, whatever the phases of their reports.
+pub const DEMAND_PERIOD: Duration = Duration::from_secs(5);
 
-/// Buckets with more entries than this are matched in their given and sorted orders only:
-/// trying every order of more would cost too much per report (8! = 40,320 lookups).
-const ORDERS_TRIED_UP_TO: usize = 6;
+/// How long a period's demand is kept: written during the period before it, read during it.
+const DEMAND_KEPT: Duration = Duration::from_secs(15);
 
 /// What is left of a bucket's limit once its usage is charged.
 #[derive(Debug, Clone, PartialEq)]
@@ -35,13 +36,12 @@ pub enum BucketQuota {
     /// A shadow-mode rule, or global shadow mode: counted, never enforced.
     Shadowed,
     /// The rule's tightest limit after the charge: `remaining` hits until `reset_micros`;
-    /// and the requests (allowed and denied) every data plane reported for the bucket over
-    /// the last [`DEMAND_WINDOW`], on every replica.
+    /// and the bucket's demand, when the charge read it.
     Counted {
         limit: Limit,
         remaining: u64,
         reset_micros: u64,
-        demand: u64,
+        demand: Option<DemandSeen>,
     },
     /// The backend could not count, and the rule's `on_backend_error` (not `local`, which
     /// counts in process instead) says what the data plane is told.
@@ -52,13 +52,43 @@ pub enum BucketQuota {
 }
 
 /// One bucket's report, to charge: its entries in rule order (see
-/// [`bucket_descriptor`]), the requests the data plane let through, and every
-/// request it was asked (allowed and denied).
+/// [`bucket_descriptor`]), the requests the data plane let through in the window now
+/// running (charged) and in an earlier one (counted in the rule's statistics only: that
+/// window is over), the requests it refused, and the demand to add.
 #[derive(Debug, Clone, Copy)]
 pub struct BucketUsage<'a> {
     pub entries: &'a [(String, String)],
     pub allowed: u64,
-    pub requests: u64,
+    pub earlier: u64,
+    pub refused: u64,
+    /// The stream's demand, added to the bucket's; `None` reads and adds no demand (an
+    /// assignment sent at a reset, with no report).
+    pub demand: Option<DemandReport>,
+}
+
+impl BucketUsage<'_> {
+    /// The requests the data plane let through, in this window and earlier ones.
+    fn let_through(&self) -> u64 {
+        self.allowed.saturating_add(self.earlier)
+    }
+}
+
+/// A bucket's demand as a charge found it, in thousandths of a request a second summed over
+/// the streams of every replica: in the period the report named (the rate each stream
+/// reported in the period before), and in the next one (the rates reported so far in this
+/// period, this report's included).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct DemandSeen {
+    pub period: u64,
+    pub next: u64,
+}
+
+/// A stream's demand for a bucket at one report: `rate` in thousandths of a request a
+/// second, reported in `period` (the count of [`DEMAND_PERIOD`]s since the epoch).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DemandReport {
+    pub period: u64,
+    pub rate: u64,
 }
 
 /// Buckets charged in one backend call (each bucket is its rule's limits and its demand,
@@ -76,25 +106,31 @@ const CALLS_AT_ONCE: usize = 4;
 const REPORT_DEADLINE: Duration = Duration::from_secs(1);
 
 /// The order of `entries` (a bucket's, which has none of its own) that is a path of
-/// `domain`'s rules in `rules` ending at a rule; `None` when no order is. The given
-/// order is tried first, then the sorted one, then (up to `ORDERS_TRIED_UP_TO`
-/// entries) every other.
+/// `domain`'s rules in `rules` ending at a rule; `None` when no order is. The given order
+/// is tried first, then the sorted one, then the others, walking the rule tree
+/// ([`Domain::order_matching`]): a bucket no rule matches costs about what one that
+/// matches does.
 pub fn bucket_descriptor(
     rules: &RuleSet,
     domain: &str,
     entries: &[(String, String)],
 ) -> Option<Vec<(String, String)>> {
     let domain = rules.domain(domain)?;
-    let matches = |order: &Vec<(String, String)>| matched_rule(domain, order).is_some();
+    if matched_rule(domain, entries).is_some() {
+        return Some(entries.to_vec());
+    }
     let mut sorted = entries.to_vec();
     sorted.sort();
-    if let Some(order) = [entries.to_vec(), sorted].into_iter().find(matches) {
-        return Some(order);
+    if matched_rule(domain, &sorted).is_some() {
+        return Some(sorted);
     }
-    if entries.len() > ORDERS_TRIED_UP_TO {
-        return None;
-    }
-    permutations(entries).into_iter().find(matches)
+    let order = domain.order_matching(entries)?;
+    Some(
+        order
+            .into_iter()
+            .map(|index| entries[index].clone())
+            .collect(),
+    )
 }
 
 impl RateLimiter {
@@ -135,7 +171,7 @@ impl RateLimiter {
         usages: &[BucketUsage<'_>],
         deadline: Instant,
     ) -> Vec<BucketQuota> {
-        // Each bucket's hits: its rule's limits, then its demand.
+        // Each bucket's hits: a look at each limit of its rule and its charge, then its demand.
         let mut hits: Vec<CounterHit<'static>> = Vec::new();
         let mut buckets = Vec::with_capacity(usages.len());
         for usage in usages {
@@ -145,9 +181,15 @@ impl RateLimiter {
                 Some(found) => match &found.rule.policy {
                     Policy::Limited(limits) => {
                         hits.extend(charge_hits(domain, &found, limits, usage.allowed));
-                        hits.push(demand_hit(domain, &found, usage.requests));
+                        hits.extend(
+                            usage
+                                .demand
+                                .into_iter()
+                                .flat_map(|demand| demand_hits(domain, &found, demand)),
+                        );
                         Charged::Counted {
                             rule: found.rule,
+                            limits: limits.len(),
                             policy: (found.rule.on_backend_error)
                                 .unwrap_or(self.options.on_backend_error),
                             shadow: found.rule.shadow_mode || self.options.shadow_mode,
@@ -173,13 +215,14 @@ impl RateLimiter {
                 Charged::Settled(quota) => quota,
                 Charged::Counted {
                     rule,
+                    limits,
                     policy,
                     shadow,
                 } => {
                     let (hits, results) = (&hits[span.clone()], &results[span]);
-                    let judged = judged(hits, results, rule.shadow_mode);
+                    let judged = judged(hits, &results[..2 * limits], rule.shadow_mode);
                     self.record_usage(domain, rule, usage, judged);
-                    let quota = self.quota_left(hits, results, policy);
+                    let quota = self.quota_left(hits, results, limits, policy);
                     if shadow { BucketQuota::Shadowed } else { quota }
                 }
             })
@@ -187,9 +230,13 @@ impl RateLimiter {
     }
 
     /// Counts a bucket's reported usage in its rule's statistics, as ShouldRateLimit counts
-    /// its requests: the requests let through as the rule's counter `judged` them, those
-    /// the data plane refused over the limit.
+    /// its requests: the requests let through in this window as the rule's counter `judged`
+    /// them, those let through in an earlier window within it (that window's assignment
+    /// made room for them), those the data plane refused over the limit.
     fn record_usage(&self, domain: &str, rule: &Rule, usage: &BucketUsage<'_>, judged: Judged) {
+        if usage.let_through() == 0 && usage.refused == 0 {
+            return;
+        }
         let entries: Vec<Entry> = (usage.entries.iter())
             .map(|(key, value)| Entry {
                 key: key.clone(),
@@ -198,18 +245,28 @@ impl RateLimiter {
             .collect();
         let metrics = &self.metrics;
         metrics.record_rule(domain, Some(rule), &entries, usage.allowed, judged);
-        let refused = usage.requests.saturating_sub(usage.allowed);
-        if refused > 0 {
-            metrics.record_rule(domain, Some(rule), &entries, refused, Judged::Refused);
+        if usage.earlier > 0 {
+            metrics.record_rule(
+                domain,
+                Some(rule),
+                &entries,
+                usage.earlier,
+                Judged::Unlimited,
+            );
+        }
+        if usage.refused > 0 {
+            metrics.record_rule(domain, Some(rule), &entries, usage.refused, Judged::Refused);
         }
     }
 
-    /// What is left of one bucket's limit from the answers to its `hits`, the hits the
-    /// backend failed decided by the rule's `policy` when it is `local`.
+    /// What is left of one bucket's limit from the answers to its `hits` (`limits` pairs of
+    /// a look and a charge, then its demand's), the hits the backend failed decided by the
+    /// rule's `policy` when it is `local`.
     fn quota_left(
         &self,
         hits: &[CounterHit<'_>],
         results: &[Result<Decision, BackendError>],
+        limits: usize,
         policy: OnBackendError,
     ) -> BucketQuota {
         let left = match policy {
@@ -220,41 +277,44 @@ impl RateLimiter {
                         Ok(decision) => Ok(*decision),
                     })
                     .collect();
-                what_is_left(hits, &decided)
+                what_is_left(hits, &decided, limits)
             }
-            _ => what_is_left(hits, results),
+            _ => what_is_left(hits, results, limits),
         };
         left.unwrap_or_else(|error| BucketQuota::Failed { error, policy })
     }
 }
 
-/// A bucket of a backend call: settled without the backend, or counted there for `rule`,
-/// under its `on_backend_error` and shadow mode.
+/// A bucket of a backend call: settled without the backend, or counted there for `rule`
+/// (`limits` of them), under its `on_backend_error` and shadow mode.
 enum Charged<'r> {
     Settled(BucketQuota),
     Counted {
         rule: &'r Rule,
+        limits: usize,
         policy: OnBackendError,
         shadow: bool,
     },
 }
 
-/// How the counter of a bucket's rule judged the requests charged to it, for the rule's
-/// statistics: its tightest limit's decision, or undecided when the backend failed.
+/// How the counters of a bucket's rule judged the requests charged to them, for the rule's
+/// statistics: split at the limit found by the look before the charge, on the limit with
+/// the least left, as ShouldRateLimit splits the same hits one by one; undecided when the
+/// backend failed.
 fn judged(
     hits: &[CounterHit<'_>],
     results: &[Result<Decision, BackendError>],
     shadow: bool,
 ) -> Judged {
-    let limits = results.len().saturating_sub(1);
-    let decisions: Result<Vec<Decision>, _> = results[..limits].iter().cloned().collect();
-    let Ok(decisions) = decisions else {
+    let looks: Result<Vec<Decision>, _> = (results.iter().step_by(2)).cloned().collect();
+    let Ok(looks) = looks else {
         return Judged::Undecided;
     };
-    match most_restrictive(&decisions) {
-        Some((index, decision)) => Judged::Counted {
-            decision,
-            capacity: hits[index].limit.capacity(),
+    let left = |look: &Decision| if look.allowed { look.remaining } else { 0 };
+    match (looks.iter().enumerate()).min_by_key(|(_, look)| left(look)) {
+        Some((index, look)) => Judged::Charged {
+            found_remaining: left(look),
+            capacity: hits[2 * index].limit.capacity(),
             shadow,
         },
         None => Judged::Undecided,
@@ -262,46 +322,68 @@ fn judged(
 }
 
 /// The hits that charge `allowed` requests to each of `limits`, the limits of the rule
-/// `found`: usage already let through, so counted whatever the count, as an overshoot.
+/// `found`, each after a look that costs nothing (what was left before): usage already let
+/// through, so counted whatever the count, as an overshoot.
 fn charge_hits<'a>(
     domain: &str,
     found: &Match<'_>,
     limits: &[NamedLimit],
     allowed: u64,
 ) -> impl Iterator<Item = CounterHit<'a>> {
-    (limits.iter().enumerate()).map(move |(index, named)| CounterHit {
-        key: CounterKey::new(
+    (limits.iter().enumerate()).flat_map(move |(index, named)| {
+        let key = CounterKey::new(
             domain,
             found.rule.id.as_str(),
             index,
             &named.limit,
             found.entries.iter().copied(),
-        ),
-        limit: Cow::Owned(Limit {
-            overshoot: true,
-            ..named.limit.clone()
-        }),
-        hits: Hits::take(allowed),
-        binding: false,
+        );
+        let look = CounterHit {
+            key: key.clone(),
+            limit: Cow::Owned(named.limit.clone()),
+            hits: Hits::take(0),
+            binding: false,
+        };
+        let charge = CounterHit {
+            key,
+            limit: Cow::Owned(Limit {
+                overshoot: true,
+                ..named.limit.clone()
+            }),
+            hits: Hits::take(allowed),
+            binding: false,
+        };
+        [look, charge]
     })
 }
 
-/// What is left of one bucket's limit from the answers to its `hits` (its limits', then its
-/// demand's): the tightest limit, with the demand counted; the first error.
+/// What is left of one bucket's limit from the answers to its `hits` (`limits` pairs of a
+/// look and a charge, then its demand's read and add, if any): the tightest limit, with the
+/// demand seen; the first error.
 fn what_is_left(
     hits: &[CounterHit<'_>],
     results: &[Result<Decision, BackendError>],
+    limits: usize,
 ) -> Result<BucketQuota, BackendError> {
-    let Some((demand, limits)) = results.split_last() else {
-        return Ok(BucketQuota::Unlimited);
-    };
-    let demand = match demand {
-        Ok(decision) => u64::from(u32::MAX).saturating_sub(decision.remaining),
-        Err(error) => return Err(error.clone()),
-    };
+    if let Some(error) = results.iter().find_map(|result| result.as_ref().err()) {
+        return Err(error.clone());
+    }
+    let decided = |index: usize| results[index].as_ref().ok();
+    let total =
+        |index: usize| decided(index).map(|d| u64::from(u32::MAX).saturating_sub(d.remaining));
+    let demand = (results.len() >= 2 * limits + 2)
+        .then(|| {
+            Some(DemandSeen {
+                period: total(2 * limits)?,
+                next: total(2 * limits + 1)?,
+            })
+        })
+        .flatten();
     let mut tightest: Option<BucketQuota> = None;
-    for (hit, result) in hits.iter().zip(limits) {
-        let decision = result.as_ref().map_err(Clone::clone)?;
+    for index in 0..limits {
+        let (hit, Some(decision)) = (&hits[2 * index + 1], decided(2 * index + 1)) else {
+            continue;
+        };
         let remaining = if decision.allowed {
             decision.remaining
         } else {
@@ -328,64 +410,36 @@ fn what_is_left(
     Ok(tightest.unwrap_or(BucketQuota::Unlimited))
 }
 
-/// The hit that adds `requests` to the demand of the bucket `found` counts: a sliding
-/// window of [`DEMAND_WINDOW`] that never refuses, beside the rule's own counters (its key
-/// names the rule with a suffix no rule id has).
-fn demand_hit<'a>(domain: &str, found: &Match<'_>, requests: u64) -> CounterHit<'a> {
+/// The hits that read the bucket `found`'s demand in `demand`'s period and add its rate to
+/// the next period's: two logs of [`DEMAND_KEPT`] that never refuse, beside the rule's own
+/// counters (their keys name the rule and the period with a suffix no rule id has).
+fn demand_hits<'a>(domain: &str, found: &Match<'_>, demand: DemandReport) -> [CounterHit<'a>; 2] {
     let limit = Limit {
         requests_per_unit: u32::MAX,
         unit: Unit::Second,
-        unit_multiplier: DEMAND_WINDOW.as_secs() as u32,
-        algorithm: Algorithm::SlidingWindow,
+        unit_multiplier: DEMAND_KEPT.as_secs() as u32,
+        algorithm: Algorithm::SlidingLog,
         burst: None,
         timezone: None,
         overshoot: true,
     };
-    let rule = format!("{}~rlqs-demand", found.rule.id);
-    CounterHit {
-        key: CounterKey::new(domain, &rule, 0, &limit, found.entries.iter().copied()),
-        limit: Cow::Owned(limit),
-        hits: Hits::take(requests),
-        binding: false,
-    }
+    let hit = |period: u64, amount: u64| {
+        let rule = format!("{}~rlqs-demand-{period}", found.rule.id);
+        CounterHit {
+            key: CounterKey::new(domain, &rule, 0, &limit, found.entries.iter().copied()),
+            limit: Cow::Owned(limit.clone()),
+            hits: Hits::take(amount),
+            binding: false,
+        }
+    };
+    [
+        hit(demand.period, 0),
+        hit(demand.period.saturating_add(1), demand.rate),
+    ]
 }
 
 /// The rule `entries`, in this order, lead to in `domain`, with the entries its counter is
 /// keyed by (a `share_threshold` wildcard's pattern in place of the value).
 fn matched_rule<'a>(domain: &'a Domain, entries: &'a [(String, String)]) -> Option<Match<'a>> {
     domain.find(entries.iter().map(|(k, v)| (k.as_str(), v.as_str())))
-}
-
-/// Every order of `items` (Heap's algorithm, iteratively).
-fn permutations<T: Clone>(items: &[T]) -> Vec<Vec<T>> {
-    let mut items = items.to_vec();
-    let mut orders = vec![items.clone()];
-    let mut counters = vec![0; items.len()];
-    let mut i = 1;
-    while i < items.len() {
-        if counters[i] < i {
-            let swap = if i % 2 == 0 { 0 } else { counters[i] };
-            items.swap(swap, i);
-            orders.push(items.clone());
-            counters[i] += 1;
-            i = 1;
-        } else {
-            counters[i] = 0;
-            i += 1;
-        }
-    }
-    orders
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn every_order_is_tried_once() {
-        let orders = permutations(&[1, 2, 3]);
-        assert_eq!(orders.len(), 6);
-        let distinct: std::collections::BTreeSet<_> = orders.into_iter().collect();
-        assert_eq!(distinct.len(), 6);
-    }
 }

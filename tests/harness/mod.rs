@@ -244,6 +244,30 @@ impl Floodgate {
             .expect("a number")
     }
 
+    /// Waits up to 10 s for the sample `name` on `/metrics` to reach `value`, letting the
+    /// runtime's other tasks (a client's connection) run meanwhile.
+    pub async fn wait_for_metric(&self, name: &str, value: f64) {
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        loop {
+            let (_, page) = self.http("GET", "/metrics", "");
+            let family = name.split('{').next().unwrap_or(name);
+            let found = (page.lines())
+                .find_map(|line| line.strip_prefix(name)?.strip_prefix(' ')?.parse().ok());
+            if found.is_some_and(|found: f64| found >= value) {
+                return;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "{name} is {found:?}, not {value}, after 10 s:\n{}",
+                (page.lines())
+                    .filter(|line| line.contains(family))
+                    .collect::<Vec<_>>()
+                    .join("\n")
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
     /// A plain HTTP/1.1 exchange with the server's HTTP port: (status, body).
     pub fn http(&self, method: &str, path: &str, body: &str) -> (u16, String) {
         http(self.http_addr, method, path, body)

@@ -617,3 +617,63 @@ fn readme_example_9_trailing_wildcard() {
     }
     assert_eq!(matched(&rules, "example9", &[("key1", "other")]), None);
 }
+
+// ---- an order for entries that have none (RLQS buckets) ----
+
+const PATH_OF_THREE: &str = "
+    domain: d
+    descriptors:
+      - key: tenant
+        descriptors:
+          - key: user
+            descriptors:
+              - key: path
+                rate_limit: {unit: second, requests_per_unit: 1}
+";
+
+fn owned(entries: &[(&str, &str)]) -> Vec<(String, String)> {
+    (entries.iter())
+        .map(|(key, value)| (key.to_string(), value.to_string()))
+        .collect()
+}
+
+#[test]
+fn entries_in_no_order_are_put_in_the_order_of_a_path_to_a_rule() {
+    let rules = load_ok(PATH_OF_THREE);
+    let domain = rules.domain("d").expect("domain loaded");
+    let entries = owned(&[("path", "/"), ("tenant", "t"), ("user", "u")]);
+    assert_eq!(domain.order_matching(&entries), Some(vec![1, 2, 0]));
+}
+
+#[test]
+fn entries_no_order_of_which_reaches_a_rule_have_no_order() {
+    let rules = load_ok(PATH_OF_THREE);
+    let domain = rules.domain("d").expect("domain loaded");
+    let short = owned(&[("tenant", "t"), ("user", "u")]);
+    assert_eq!(domain.order_matching(&short), None, "a path above the rule");
+    let stranger = owned(&[("tenant", "t"), ("user", "u"), ("path", "/"), ("x", "y")]);
+    assert_eq!(
+        domain.order_matching(&stranger),
+        None,
+        "a path past the rule"
+    );
+    assert_eq!(domain.order_matching(&[]), None);
+}
+
+#[test]
+fn an_unmatched_bucket_is_dropped_at_the_first_level_without_trying_orders() {
+    // Eight entries no level knows: eight lookups, where trying every order would be 8!.
+    let rules = load_ok(PATH_OF_THREE);
+    let domain = rules.domain("d").expect("domain loaded");
+    let entries: Vec<(String, String)> = (0..8)
+        .map(|i| (format!("key{i}"), format!("value{i}")))
+        .collect();
+    let mut search = OrderSearch {
+        entries: &entries,
+        used: vec![false; entries.len()],
+        order: Vec::new(),
+        lookups_left: LOOKUPS_PER_ORDER_SEARCH,
+    };
+    assert!(!search.from(&domain.descriptors));
+    assert_eq!(LOOKUPS_PER_ORDER_SEARCH - search.lookups_left, 8);
+}

@@ -1,0 +1,144 @@
+//! The RLQS limit at every phase of the window: a model of Envoy 1.40's client
+//! (`rlqs_model`) reports a bucket every 5 s at a chosen offset from the window's reset,
+//! enforces what floodgate assigns as Envoy does (whole-second token buckets, times to live,
+//! `ALLOW_ALL` when no assignment or an expired one holds), and tallies what it let through
+//! in each of the rule's windows. Swept over offsets (every 0.5 s), limits, windows shorter
+//! than, equal to and longer than the report interval, 1–4 instances on 1–2 replicas, and
+//! demand below, at and above the limit; each run asserts the bound of docs/algorithms.md
+//! ("RLQS assignments"), that no request met an expired assignment, and that steady demand
+//! got at least 90% of what the limit allows.
+//!
+//! In process, on the memory backend, in virtual time (tokio's paused clock, which the
+//! counters read too): deterministic, and an hour's window takes a second.
+//! `FLOODGATE_RLQS_SWEEP=full` runs every combination (a few minutes); the default is a
+//! cross-section of it. `tests/rlqs_real.rs` drives the same model against the real binary,
+//! on Redis, in real time.
+
+mod rlqs_model;
+mod rlqs_sweep;
+
+use std::sync::Arc;
+
+use floodgate::backend::{Backend, MemoryBackend};
+use floodgate::clock::Clock;
+use floodgate::quota::QuotaService;
+use floodgate::rules::RuleSet;
+use floodgate::service::{RateLimiter, ServiceOptions};
+
+use rlqs_sweep::{Scenario, Timeline, Transport, run_sweep};
+
+/// The counters' clock: tokio's, so that pausing tokio's time pauses theirs.
+struct VirtualClock {
+    epoch_micros: u64,
+    start: tokio::time::Instant,
+}
+
+impl Clock for VirtualClock {
+    fn now_micros(&self) -> u64 {
+        self.epoch_micros + self.start.elapsed().as_micros() as u64
+    }
+}
+
+/// `replicas` floodgates in process, sharing one memory backend (as replicas share Redis).
+struct InProcess {
+    replicas: Vec<QuotaService>,
+    _running: tokio::sync::watch::Sender<bool>,
+}
+
+impl InProcess {
+    fn start(rules: &str, replicas: usize, clock: Arc<VirtualClock>) -> Self {
+        let memory = Arc::new(MemoryBackend::new(clock.clone(), 1_000_000));
+        let (running, stopped) = tokio::sync::watch::channel(false);
+        let replicas = (0..replicas)
+            .map(|_| {
+                let rules = RuleSet::from_sources(&[("phases.yaml".into(), rules.into())])
+                    .expect("the sweep's rules");
+                let limiter = RateLimiter::new(
+                    rules,
+                    Backend::memory(memory.clone()),
+                    memory.clone(),
+                    ServiceOptions::default(),
+                );
+                QuotaService::new(Arc::new(limiter), stopped.clone()).with_clock(clock.clone())
+            })
+            .collect();
+        InProcess {
+            replicas,
+            _running: running,
+        }
+    }
+}
+
+/// Virtual seconds since the test began, which began on an hour boundary.
+struct Virtual(tokio::time::Instant);
+
+impl Timeline for Virtual {
+    fn now(&self) -> f64 {
+        self.0.elapsed().as_secs_f64()
+    }
+
+    fn instant(&self, at: f64) -> tokio::time::Instant {
+        self.0 + std::time::Duration::from_secs_f64(at)
+    }
+}
+
+impl Transport for InProcess {
+    async fn connect(&self, replica: usize) -> floodgate::quota::Connection {
+        self.replicas[replica % self.replicas.len()].connect()
+    }
+}
+
+/// The sweep: windows of 1 s, 10 s, 1 min and 1 h, limits of 1, 5, 100 and 10,000, the
+/// report's offset from the reset every 0.5 s of the report interval, instances and
+/// replicas, demand at a half, once and three times the limit.
+fn scenarios(full: bool) -> Vec<Scenario> {
+    let mut scenarios = Vec::new();
+    for window in [1, 10, 60, 3600] {
+        for limit in [1, 5, 100, 10_000] {
+            let offsets: Vec<f64> = match window {
+                1 => vec![0.0, 0.5],
+                _ => (0..10).map(|step| f64::from(step) * 0.5).collect(),
+            };
+            for (index, offset) in offsets.into_iter().enumerate() {
+                for (envoys, replicas) in [(1, 1), (2, 2), (3, 1), (4, 2)] {
+                    for demand in [0.5, 1.0, 3.0] {
+                        // The cross-section: every offset, with the other axes turning over.
+                        let pick = (index + envoys + (demand * 2.0) as usize).is_multiple_of(4);
+                        if full || pick || (window == 3600 && index % 3 == 0 && envoys <= 2) {
+                            scenarios.push(Scenario::new(
+                                window, limit, offset, envoys, replicas, demand,
+                            ));
+                        }
+                    }
+                }
+            }
+        }
+    }
+    scenarios
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_limit_holds_at_every_phase_on_the_memory_backend() {
+    let full = std::env::var("FLOODGATE_RLQS_SWEEP").is_ok_and(|sweep| sweep == "full");
+    let mut scenarios = scenarios(full);
+    if let Ok(only) = std::env::var("FLOODGATE_RLQS_ONLY") {
+        scenarios.retain(|scenario| scenario.describe().starts_with(&only));
+    }
+    let start = tokio::time::Instant::now();
+    let clock = Arc::new(VirtualClock {
+        // An hour boundary: every window of the sweep starts at a whole multiple of its length.
+        epoch_micros: 1_800_000_000 * 1_000_000,
+        start,
+    });
+    let rules = rlqs_sweep::rules(&mut scenarios);
+    let replicas = scenarios.iter().map(|s| s.replicas).max().unwrap_or(1);
+    let world = InProcess::start(&rules, replicas, clock);
+    let failures = run_sweep(&world, &Virtual(start), &scenarios, 0.0).await;
+    assert!(
+        failures.is_empty(),
+        "{} of {} runs failed:\n{}",
+        failures.len(),
+        scenarios.len(),
+        failures.join("\n")
+    );
+}
