@@ -369,6 +369,73 @@ async fn buckets_no_rule_matches_get_no_assignment_and_the_stream_goes_on() {
     assert!(matches!(strategy, Strategy::TokenBucket(_)), "{strategy:?}");
 }
 
+/// A report that does not decode (bytes that are no report, or one past the size a message
+/// may have) ends the stream with INVALID_ARGUMENT saying why, though the data plane keeps
+/// its side open: never OK, as if it had hung up.
+#[tokio::test]
+async fn a_report_that_does_not_decode_ends_the_stream_with_invalid_argument() {
+    let server = Floodgate::start(&[("quota.yaml", RULES)], &[]);
+    let path = "/envoy.service.rate_limit_quota.v3.RateLimitQuotaService/StreamRateLimitQuotas";
+    let mut not_a_report = vec![0u8, 0, 0, 0, 6];
+    not_a_report.extend_from_slice(&[0xff; 6]);
+    // 5 MB announced (past the 4 MiB a message may have), a first part of it sent.
+    let mut too_large = vec![0u8];
+    too_large.extend_from_slice(&5_000_000u32.to_be_bytes());
+    too_large.extend_from_slice(&[0; 1024]);
+    for (frame, why) in [(not_a_report, "does not decode"), (too_large, "too large")] {
+        let mut call = harness::raw_call_to(server.grpc_addr, path, &[]).await;
+        call.body.send_data(frame.into(), false).expect("sent");
+        let ended = harness::grpc_status_and_message(&mut call.response).await;
+        let (status, message) = ended.expect("a status");
+        assert_eq!(status, "3", "INVALID_ARGUMENT: {message}");
+        assert!(message.contains(why), "{message}");
+    }
+    let refused = r#"floodgate_rlqs_refused_reports_total{code="INVALID_ARGUMENT"}"#;
+    assert_eq!(server.metric(refused), 2.0);
+}
+
+/// Usage charged after the fact counts in the rule's statistics as the same requests sent
+/// one by one through ShouldRateLimit would: 10 let through on a count of 17 of 20 (near
+/// the limit from 16) are 3 within and near it, 7 over it. A report of the most requests a
+/// count can hold stops the counters there rather than wrapping them.
+#[tokio::test]
+async fn usage_is_split_at_the_limit_as_single_hits_are_and_counts_never_wrap() {
+    const TWENTY: &str = "
+domain: quota
+descriptors:
+  - key: user
+    rate_limit: {unit: hour, requests_per_unit: 20}
+";
+    let server = Floodgate::start(&[("quota.yaml", TWENTY)], &[]);
+    let mut stream = Stream::open(&server).await;
+    let carol = [("user", "carol")];
+    (stream.report("quota", vec![usage(&carol, 17, 0)]).await).expect("an answer");
+    (stream.report("quota", vec![usage(&carol, 10, 1000)]).await).expect("an answer");
+    let rule = |stat: &str| {
+        let name = format!("ratelimit_service_rate_limit_{stat}{{domain=\"quota\",key1=\"user\"}}");
+        server.metric(&name)
+    };
+    assert_eq!(
+        [
+            rule("total_hits"),
+            rule("within_limit"),
+            rule("near_limit"),
+            rule("over_limit")
+        ],
+        [27.0, 20.0, 4.0, 7.0],
+        "17 within (1 near); then 3 within and near, 7 over"
+    );
+    let most = BucketQuotaUsage {
+        num_requests_denied: u64::MAX,
+        ..usage(&carol, u64::MAX, 1000)
+    };
+    (stream.report("quota", vec![most]))
+        .await
+        .expect("an answer");
+    assert_eq!(rule("total_hits"), u64::MAX as f64);
+    assert_eq!(rule("over_limit"), u64::MAX as f64);
+}
+
 #[tokio::test]
 async fn a_bucket_whose_rule_is_removed_is_abandoned() {
     let server = Floodgate::start(

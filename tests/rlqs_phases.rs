@@ -25,6 +25,7 @@ use floodgate::quota::QuotaService;
 use floodgate::rules::RuleSet;
 use floodgate::service::{RateLimiter, ServiceOptions};
 
+use rlqs_model::EnvoyModel;
 use rlqs_sweep::{Scenario, Timeline, Transport, run_sweep};
 
 /// The counters' clock: tokio's, so that pausing tokio's time pauses theirs.
@@ -140,5 +141,67 @@ async fn the_limit_holds_at_every_phase_on_the_memory_backend() {
         failures.len(),
         scenarios.len(),
         failures.join("\n")
+    );
+}
+
+/// Instances share a bucket by their demand, measured over each report's own interval: a
+/// lone one gets all of it (what it asks, within the rule's pace), and two asking 10 and
+/// 30 a second get a quarter and three quarters of the pace, within 10%.
+#[tokio::test(start_paused = true)]
+async fn shares_follow_the_demand_of_each_reports_interval() {
+    // 26 a second (93,600 an hour), as the issue measured: a lone stream asking 20 a second
+    // got 18.
+    let mut scenarios = vec![
+        Scenario::new(3600, 93_600, 0.0, 1, 1, 0.0),
+        Scenario::new(3600, 93_600, 2.0, 2, 2, 0.0),
+    ];
+    let start = tokio::time::Instant::now();
+    let clock = Arc::new(VirtualClock {
+        epoch_micros: 1_800_000_000 * 1_000_000,
+        start,
+    });
+    let rules = rlqs_sweep::rules(&mut scenarios);
+    let world = InProcess::start(&rules, 2, clock);
+    let timeline = Virtual(start);
+    let bucket =
+        |scenario: &Scenario| floodgate::proto::envoy::service::rate_limit_quota::v3::BucketId {
+            bucket: [("phase".to_owned(), scenario.id.to_string())].into(),
+        };
+    let run = |scenario: &Scenario, replica: usize, rate: f64| {
+        let model = EnvoyModel::new(bucket(scenario), 3600.0);
+        let world = &world;
+        let timeline = &timeline;
+        let offset = scenario.offset;
+        async move {
+            let connection = world.connect(replica).await;
+            rlqs_sweep::instance(
+                model,
+                connection,
+                timeline,
+                10.0 + offset,
+                70.0 + offset,
+                rate,
+            )
+            .await
+            .expect("the stream stays open")
+        }
+    };
+    let (alone, slow, busy) = tokio::join!(
+        run(&scenarios[0], 0, 20.0),
+        run(&scenarios[1], 0, 10.0),
+        run(&scenarios[1], 1, 30.0),
+    );
+    // Alone: what it asked, after its first report interval (20 a second over 55 s).
+    let granted: u64 = alone.let_through.values().sum();
+    assert!(
+        granted as f64 >= 0.95 * 20.0 * 60.0,
+        "{granted} of 1,200 asked"
+    );
+    let share = slow.last_rate / (slow.last_rate + busy.last_rate);
+    assert!(
+        (0.225..=0.275).contains(&share),
+        "{share}: {} and {} a second",
+        slow.last_rate,
+        busy.last_rate
     );
 }

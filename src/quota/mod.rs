@@ -767,10 +767,17 @@ fn undecodable(status: &Status) -> Option<String> {
             "the report is too large to read: {}",
             cut_message(status.message())
         )),
-        GrpcCode::Internal if !transport => Some(format!(
-            "the report does not decode as RateLimitQuotaUsageReports: {}",
-            cut_message(status.message())
-        )),
+        // The codec's own refusal (`service::codec`), or one it let through.
+        GrpcCode::InvalidArgument | GrpcCode::Internal if !transport => {
+            let why = status.message();
+            let why = why
+                .strip_prefix("the message does not decode: ")
+                .unwrap_or(why);
+            Some(format!(
+                "the report does not decode as RateLimitQuotaUsageReports: {}",
+                cut_message(why)
+            ))
+        }
         _ => None,
     }
 }

@@ -472,15 +472,19 @@ pub struct RawCall {
 
 /// Opens a [`RawCall`] to the gRPC port `addr`, with `headers` beside gRPC's own.
 pub async fn raw_call(addr: SocketAddr, headers: &[(&str, &str)]) -> RawCall {
+    let method = "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit";
+    raw_call_to(addr, method, headers).await
+}
+
+/// A [`RawCall`] of the gRPC method at `path` (`/package.Service/Method`).
+pub async fn raw_call_to(addr: SocketAddr, path: &str, headers: &[(&str, &str)]) -> RawCall {
     let tcp = tokio::net::TcpStream::connect(addr).await.expect("connect");
     let (client, connection) = h2::client::handshake(tcp).await.expect("HTTP/2");
     let connection = tokio::spawn(connection);
     let mut client = client.ready().await.expect("a stream");
-    let mut head = http::Request::post(format!(
-        "http://{addr}/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit"
-    ))
-    .header("content-type", "application/grpc")
-    .header("te", "trailers");
+    let mut head = http::Request::post(format!("http://{addr}{path}"))
+        .header("content-type", "application/grpc")
+        .header("te", "trailers");
     for (name, value) in headers {
         head = head.header(*name, *value);
     }
@@ -503,18 +507,55 @@ pub fn grpc_frame(message: &RateLimitRequest) -> bytes::Bytes {
     framed.into()
 }
 
-/// The gRPC status of a raw call's answer (its headers, or its trailers after the body);
-/// `None` when the answer or the stream failed.
-pub async fn grpc_status(response: &mut h2::client::ResponseFuture) -> Option<String> {
+/// The gRPC status of a raw call's answer and its message (from its headers, or its
+/// trailers after the body); `None` when the answer or the stream failed.
+pub async fn grpc_status_and_message(
+    response: &mut h2::client::ResponseFuture,
+) -> Option<(String, String)> {
     let response = response.await.ok()?;
     let (head, mut received) = response.into_parts();
-    // The answer's message, then its trailers.
     while let Some(chunk) = received.data().await {
         let chunk = chunk.ok()?;
         let _ = received.flow_control().release_capacity(chunk.len());
     }
     let trailers = received.trailers().await.ok().flatten();
-    (head.headers.get("grpc-status"))
-        .or_else(|| trailers.as_ref().and_then(|t| t.get("grpc-status")))
-        .map(|status| status.to_str().expect("ascii").to_owned())
+    let field = |name: &str| {
+        (head.headers.get(name))
+            .or_else(|| trailers.as_ref().and_then(|t| t.get(name)))
+            .map(|value| value.to_str().expect("ascii").to_owned())
+    };
+    let message = field("grpc-message").unwrap_or_default();
+    Some((field("grpc-status")?, percent_decoded(&message)))
+}
+
+/// `text` with gRPC's percent-encoding of a message undone.
+fn percent_decoded(text: &str) -> String {
+    let bytes = text.as_bytes();
+    let mut decoded = Vec::with_capacity(bytes.len());
+    let mut index = 0;
+    while index < bytes.len() {
+        let escaped = (bytes[index] == b'%' && index + 2 < bytes.len())
+            .then(|| std::str::from_utf8(&bytes[index + 1..index + 3]).ok())
+            .flatten()
+            .and_then(|hex| u8::from_str_radix(hex, 16).ok());
+        match escaped {
+            Some(byte) => {
+                decoded.push(byte);
+                index += 3;
+            }
+            None => {
+                decoded.push(bytes[index]);
+                index += 1;
+            }
+        }
+    }
+    String::from_utf8_lossy(&decoded).into_owned()
+}
+
+/// The gRPC status of a raw call's answer (its headers, or its trailers after the body);
+/// `None` when the answer or the stream failed.
+pub async fn grpc_status(response: &mut h2::client::ResponseFuture) -> Option<String> {
+    grpc_status_and_message(response)
+        .await
+        .map(|(status, _)| status)
 }

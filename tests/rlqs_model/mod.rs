@@ -66,8 +66,10 @@ pub struct Tally {
     /// Let through under `no_assignment_behavior`: before the first assignment.
     pub unassigned: u64,
     pub refused: u64,
-    /// Assignments received, and those a window's reset sent (no report before them).
+    /// Assignments received.
     pub assignments: u64,
+    /// The rate of the last token bucket assigned, in tokens a second.
+    pub last_rate: f64,
 }
 
 #[derive(Debug)]
@@ -219,6 +221,7 @@ impl EnvoyModel {
                         let per_fill = bucket.tokens_per_fill.map_or(0, |v| v.value);
                         let config = (bucket.max_tokens, per_fill, fill.nanos);
                         let max = f64::from(bucket.max_tokens);
+                        self.tally.last_rate = f64::from(per_fill) / fill.seconds as f64;
                         match self.held.take() {
                             Some(Held {
                                 rule: Held1::Tokens(kept),

@@ -267,7 +267,7 @@ async fn run(
 
 /// One instance: requests at `rate` a second from `start` to `end`, reports on Envoy's
 /// timer, assignments applied as they come.
-async fn instance(
+pub async fn instance(
     mut model: EnvoyModel,
     (reports, mut answers): Connection,
     timeline: &impl Timeline,
