@@ -103,15 +103,15 @@ impl QuotaStats {
         self.pushed.add(1);
     }
 
-    /// A reported bucket no rule matches, in `domain` when the rules know it.
-    pub fn unmatched(&self, domain: Option<&str>) {
+    /// `buckets` reported buckets no rule matches, in `domain` when the rules know it.
+    pub fn unmatched(&self, domain: Option<&str>, buckets: u64) {
         let mut counts = self.unmatched.lock().unwrap_or_else(|e| e.into_inner());
         let known = domain
             .filter(|domain| counts.contains_key(*domain) || counts.len() < UNMATCHED_DOMAINS_KEPT);
         let count = counts
             .entry(known.unwrap_or(UNKNOWN_DOMAIN).to_owned())
             .or_default();
-        *count = count.saturating_add(1);
+        *count = count.saturating_add(buckets);
     }
 
     /// A report refused, which ended its stream.

@@ -19,6 +19,8 @@
 //! planes reconnect to another replica.
 
 pub mod assign;
+mod bucket;
+mod refusal;
 
 use std::collections::{HashMap, HashSet};
 use std::pin::Pin;
@@ -27,7 +29,7 @@ use std::time::Duration;
 
 use futures_util::{Stream, StreamExt};
 use tokio::sync::{mpsc, watch};
-use tonic::{Code as GrpcCode, Request, Response, Status, Streaming};
+use tonic::{Request, Response, Status, Streaming};
 
 use crate::proto::envoy::r#type::v3::TokenBucket;
 use crate::proto::envoy::r#type::v3::rate_limit_strategy::{BlanketRule, Strategy};
@@ -43,15 +45,15 @@ use crate::proto::envoy::service::rate_limit_quota::v3::{
 };
 use crate::backend::BackendError;
 use crate::clock::{Clock, SystemClock};
-use crate::limiter::{Algorithm, Limit};
 use crate::metrics::{Code, Refusal, Strategy as Assigned};
 use crate::rules::{OnBackendError, RuleSet};
 use crate::service::RateLimiter;
-use crate::settings::RequestLimits;
 use crate::service::quota::{
-    BucketQuota, BucketUsage, DEMAND_PERIOD, DemandReport, DemandSeen, bucket_descriptor,
+    BucketQuota, BucketUsage, DEMAND_PERIOD, DemandReport, bucket_descriptor,
 };
 use assign::{Assignment, REPORT_INTERVAL};
+use bucket::{Bucket, micros, share};
+use refusal::{bucket_key, cut, describe, listed, quoted, undecodable};
 
 pub use crate::proto::envoy::service::rate_limit_quota::v3::rate_limit_quota_service_server::RateLimitQuotaServiceServer;
 
@@ -64,10 +66,6 @@ type BucketKey = Vec<(String, String)>;
 /// Buckets no rule matches that a stream remembers, so that their next reports skip the
 /// match; past this many, the others are matched again at each report.
 const UNMATCHED_KEPT: usize = 10_000;
-
-/// How long after a window's reset its new assignment is sent: the backend's clock and this
-/// process' may differ by a few milliseconds, and the new window must have begun there.
-const AFTER_RESET: Duration = Duration::from_millis(20);
 
 /// An in-process RLQS stream: reports go in, what the stream sends comes out.
 pub type Connection = (
@@ -187,81 +185,6 @@ struct QuotaStream {
     matched_under: Weak<RuleSet>,
 }
 
-/// A bucket a stream charges: its rule's descriptor, its last report, and its window.
-struct Bucket {
-    /// The bucket's id as the data plane last reported it, to name it in an assignment sent
-    /// at a reset.
-    id: BucketId,
-    /// Its entries in its rule's order (the descriptor it is charged on), or `None` once the
-    /// rules changed: then it is matched again at its next report.
-    descriptor: Option<Vec<(String, String)>>,
-    /// When it was last reported (µs on the stream's clock), and the interval that report
-    /// covered.
-    reported_at: u64,
-    interval: Duration,
-    /// This stream's share of the bucket's demand, at its last report.
-    share: f64,
-    /// The demand this stream added for the bucket: the period it went to, and how much.
-    demand_added: Option<DemandReport>,
-    /// The limit its last assignment came from, and when that limit's window resets.
-    window: Option<(Limit, u64)>,
-    /// What the assignment made at its last report lets through at most: so many at once
-    /// and so many a second (`None`: no bound, `ALLOW_ALL` or none sent). At once, a full
-    /// bucket: unless the data plane kept its bucket (the same assignment again) after
-    /// refusing requests, which emptied it.
-    allowance: Option<(f64, f64)>,
-    /// The assignment the data plane holds (the last sent).
-    holds: Option<Assignment>,
-    /// The same of the assignment sent at the window's reset since, and when it was sent.
-    pushed: Option<(f64, f64, u64)>,
-    /// When the stream sends the bucket a new assignment unasked (its window resets before
-    /// its next report).
-    push_at: Option<u64>,
-}
-
-impl Bucket {
-    /// Of `allowed` requests let through (and `refused` refused) between the bucket's last
-    /// report and `now`, those let through before its fixed window last reset: that window
-    /// is over, and they are not charged to the new one.
-    fn let_through_before_reset(&self, allowed: u64, refused: u64, now: u64) -> u64 {
-        let Some((limit, resets_at)) = &self.window else {
-            return 0;
-        };
-        if limit.algorithm != Algorithm::FixedWindow || now <= self.reported_at {
-            return 0;
-        }
-        // The resets are `resets_at` give or take whole windows: the last one up to now.
-        let window = i128::from(limit.window_micros().max(1));
-        let (now, since) = (i128::from(now), i128::from(self.reported_at));
-        let last_reset = now - (now - i128::from(*resets_at)).rem_euclid(window);
-        if last_reset <= since {
-            return 0;
-        }
-        let before = (last_reset - since) as f64 / (now - since) as f64;
-        let even = (allowed as f64 * before).round();
-        // Within what each side's assignment could let through. A data plane that refused
-        // requests took all it was given, on both sides: the split is what each allowed,
-        // a bucket that replaced a drained one starting drained. Otherwise the requests are
-        // taken to have come evenly, within what each side allowed.
-        let saturated = refused > 0;
-        let most = self.allowance.map_or(f64::INFINITY, |(burst, rate)| {
-            (burst + rate * (last_reset - since) as f64 / 1e6).floor()
-        });
-        if saturated && most.is_finite() {
-            return (most as u64).min(allowed);
-        }
-        // After the reset: the old assignment until the new one arrived, then the new one.
-        let old_rate = self.allowance.map_or(0.0, |(_, rate)| rate);
-        let after_most = self.pushed.map_or(f64::INFINITY, |(burst, rate, at)| {
-            let at = i128::from(at);
-            let old = old_rate * (at - last_reset).max(0) as f64 / 1e6;
-            old + burst + rate * (now - at).max(0) as f64 / 1e6
-        });
-        let least = (allowed as f64 - after_most.ceil()).max(0.0);
-        even.min(most).max(least).min(allowed as f64) as u64
-    }
-}
-
 /// What a report's bucket is charged, besides its usage: the interval it covers, and the
 /// demand to add.
 struct Charge {
@@ -299,7 +222,7 @@ enum Verdict {
     /// Its rule went away since it last matched.
     Abandon(BucketKey),
     /// No rule matches it: no assignment.
-    Unmatched(BucketKey),
+    Unmatched,
     /// It cannot be a descriptor, for this reason: no entries, an empty or oversized one.
     Invalid(String),
 }
@@ -422,7 +345,7 @@ impl QuotaStream {
         drop(charges);
         let mut charged = charged.into_iter().zip(plans);
         let mut reply = Reply::default();
-        let mut invalid = Vec::new();
+        let (mut invalid, mut unmatched) = (Vec::new(), 0);
         for (index, (verdict, usage)) in verdicts.into_iter().zip(usages).enumerate() {
             let action = match verdict {
                 Verdict::Charge { key, descriptor } => {
@@ -446,8 +369,8 @@ impl QuotaStream {
                     self.assigned(key, descriptor, id, quota, charge, now)
                 }
                 Verdict::Abandon(key) => Some(self.abandoned(&key)),
-                Verdict::Unmatched(key) => {
-                    self.unmatched_bucket(&rules, &domain, &key);
+                Verdict::Unmatched => {
+                    unmatched += 1;
                     None
                 }
                 Verdict::Invalid(why) => {
@@ -459,6 +382,11 @@ impl QuotaStream {
                 bucket_id: usage.bucket_id,
                 bucket_action: Some(action),
             }));
+        }
+        if unmatched > 0 {
+            let known = rules.domain(&domain).is_some();
+            let stats = self.limiter.metrics().quota();
+            stats.unmatched(known.then_some(domain.as_str()), unmatched);
         }
         if !invalid.is_empty() {
             let refusal = Status::invalid_argument(listed(&invalid, "; "));
@@ -554,16 +482,17 @@ impl QuotaStream {
             return Verdict::Charge { key, descriptor };
         }
         if self.unmatched.contains(&key) {
-            return Verdict::Unmatched(key);
+            return Verdict::Unmatched;
         }
         match bucket_descriptor(rules, domain, &key) {
             Some(descriptor) => Verdict::Charge { key, descriptor },
             None if self.buckets.contains_key(&key) => Verdict::Abandon(key),
             None => {
+                self.log_unmatched(rules, domain, &key);
                 if self.unmatched.len() < UNMATCHED_KEPT {
-                    self.unmatched.insert(key.clone());
+                    self.unmatched.insert(key);
                 }
-                Verdict::Unmatched(key)
+                Verdict::Unmatched
             }
         }
     }
@@ -691,105 +620,19 @@ impl QuotaStream {
         Action::AbandonAction(AbandonAction {})
     }
 
-    /// Counts a reported bucket no rule of `domain` matches, and logs the stream's first.
-    fn unmatched_bucket(&mut self, rules: &RuleSet, domain: &str, key: &BucketKey) {
-        let known = rules.domain(domain).is_some();
-        self.limiter
-            .metrics()
-            .quota()
-            .unmatched(known.then_some(domain));
+    /// Logs the first bucket of the stream that no rule of `domain` matches.
+    fn log_unmatched(&mut self, rules: &RuleSet, domain: &str, key: &BucketKey) {
         if !std::mem::replace(&mut self.unmatched_logged, true) {
             tracing::warn!(
                 domain = %cut(domain),
                 bucket = %describe(key),
-                domain_has_rules = known,
+                domain_has_rules = rules.domain(domain).is_some(),
                 "an RLQS bucket matches no rule: floodgate sends it no assignment, so the data \
                  plane applies its own no_assignment_behavior (logged once a stream; \
                  floodgate_rlqs_unmatched_buckets_total counts them all)"
             );
         }
     }
-}
-
-impl Bucket {
-    /// Follows the window of `quota`, assigned `now`: when it resets before `next_report`
-    /// (and the reset changes what is left: a fixed window, or an exhausted limit), the
-    /// stream sends the new window's assignment then.
-    fn follow(&mut self, quota: &BucketQuota, now: u64, next_report: u64) {
-        self.window = None;
-        self.push_at = None;
-        let BucketQuota::Counted {
-            limit,
-            remaining,
-            reset_micros,
-            ..
-        } = quota
-        else {
-            return;
-        };
-        let resets_at = now.saturating_add(*reset_micros);
-        let resetting = limit.algorithm == Algorithm::FixedWindow || *remaining == 0;
-        if resetting && !assign::paced_alone(limit) && resets_at <= next_report {
-            self.push_at = Some(resets_at + micros(AFTER_RESET));
-        }
-        self.window = Some((limit.clone(), resets_at));
-    }
-}
-
-/// A stream's share of a bucket's demand: its rate now (`demand`) against its rate and the
-/// others'. The others' are what the period it reports in holds (every stream's rate of the
-/// period before) or, when more, what the next one holds so far (streams that reported
-/// since, a newcomer among them), each without this stream's own (`added` before this
-/// report, and this report's). All of it when nobody asked for anything.
-fn share(demand: DemandReport, added: Option<DemandReport>, seen: DemandSeen) -> f64 {
-    let own = |period: u64| {
-        added
-            .filter(|added| added.period == period)
-            .map_or(0, |a| a.rate)
-    };
-    let in_period = seen.period.saturating_sub(own(demand.period));
-    let own_next = own(demand.period + 1).saturating_add(demand.rate);
-    let in_next = seen.next.saturating_sub(own_next);
-    let total = in_period.max(in_next).saturating_add(demand.rate);
-    if total == 0 {
-        1.0
-    } else {
-        demand.rate as f64 / total as f64
-    }
-}
-
-/// Why a report read from the stream is refused, when the transport's error says it does
-/// not decode (too large, or not a report), rather than that the data plane went away.
-fn undecodable(status: &Status) -> Option<String> {
-    let transport = std::error::Error::source(status).is_some();
-    match status.code() {
-        GrpcCode::OutOfRange | GrpcCode::ResourceExhausted => Some(format!(
-            "the report is too large to read: {}",
-            cut_message(status.message())
-        )),
-        // The codec's own refusal (`service::codec`), or one it let through.
-        GrpcCode::InvalidArgument | GrpcCode::Internal if !transport => {
-            let why = status.message();
-            let why = why
-                .strip_prefix("the message does not decode: ")
-                .unwrap_or(why);
-            Some(format!(
-                "the report does not decode as RateLimitQuotaUsageReports: {}",
-                cut_message(why)
-            ))
-        }
-        _ => None,
-    }
-}
-
-/// A transport's message cut to a few hundred characters.
-fn cut_message(message: &str) -> String {
-    message.chars().take(300).collect()
-}
-
-/// `duration` in microseconds.
-fn micros(duration: Duration) -> u64 {
-    u64::try_from(duration.as_micros()).unwrap_or(u64::MAX)
 }
 
 /// Resolves at `at` (µs on `clock`), never when there is no `at`.
@@ -803,94 +646,9 @@ async fn sleep_until(clock: &dyn Clock, at: Option<u64>) {
     }
 }
 
-/// Buckets a refusal names; the others are counted. A status message travels in a header,
-/// which clients cap (16 KiB is common): a refusal stays a few hundred bytes.
-const BUCKETS_NAMED: usize = 3;
-/// Entries of a bucket a refusal quotes.
-const ENTRIES_QUOTED: usize = 4;
-/// Characters of a name or value a refusal quotes.
-const CHARS_QUOTED: usize = 64;
-
-/// The first [`BUCKETS_NAMED`] of `items`, joined by `separator`, and how many more.
-fn listed(items: &[String], separator: &str) -> String {
-    let named = &items[..items.len().min(BUCKETS_NAMED)];
-    match items.len() - named.len() {
-        0 => named.join(separator),
-        more => format!("{} and {more} more", named.join(separator)),
-    }
-}
-
-/// A bucket's entries as a refusal quotes them: `{name=value, …}`, long values cut.
-fn describe(key: &BucketKey) -> String {
-    let mut entries: Vec<String> = (key.iter().take(ENTRIES_QUOTED))
-        .map(|(name, value)| format!("{}={}", cut(name), cut(value)))
-        .collect();
-    if key.len() > ENTRIES_QUOTED {
-        entries.push(format!("{} more entries", key.len() - ENTRIES_QUOTED));
-    }
-    format!("{{{}}}", entries.join(", "))
-}
-
-/// `text` cut as [`cut`] cuts it, quoted and escaped as Rust writes a string.
-fn quoted(text: &str) -> String {
-    format!("{:?}", cut(text))
-}
-
-/// `text` up to [`CHARS_QUOTED`] characters, and an ellipsis where it went on.
-fn cut(text: &str) -> String {
-    let mut kept: String = text.chars().take(CHARS_QUOTED).collect();
-    if kept.len() < text.len() {
-        kept.push('…');
-    }
-    kept
-}
-
 /// Resolves once `stopped` turns true (or its sender is gone).
 async fn stopping(stopped: &mut watch::Receiver<bool>) {
     let _ = stopped.wait_for(|stop| *stop).await;
-}
-
-/// A usage's bucket as the server keys it: its entries, which must be a descriptor's
-/// (`request_limits`: not too many, no name or value empty or too long); why it cannot be.
-fn bucket_key(usage: &BucketQuotaUsage, limits: &RequestLimits) -> Result<BucketKey, String> {
-    let Some(BucketId { bucket }) = &usage.bucket_id else {
-        return Err("no bucket_id".into());
-    };
-    if bucket.is_empty() {
-        return Err("a bucket_id with no entries".into());
-    }
-    if bucket.len() > limits.max_entries {
-        return Err(format!(
-            "a bucket_id of {} entries; at most {} are allowed",
-            bucket.len(),
-            limits.max_entries
-        ));
-    }
-    for (name, value) in bucket {
-        if name.is_empty() || value.is_empty() {
-            return Err("a bucket_id entry with an empty name or value".into());
-        }
-        if name.len() > limits.max_key_bytes {
-            return Err(format!(
-                "a bucket_id entry name of {} bytes; at most {} are allowed",
-                name.len(),
-                limits.max_key_bytes
-            ));
-        }
-        if value.len() > limits.max_value_bytes {
-            return Err(format!(
-                "the value of bucket_id entry {} is {} bytes; at most {} are allowed",
-                quoted(name),
-                value.len(),
-                limits.max_value_bytes
-            ));
-        }
-    }
-    let mut key: BucketKey = (bucket.iter())
-        .map(|(name, value)| (name.clone(), value.clone()))
-        .collect();
-    key.sort();
-    Ok(key)
 }
 
 fn assignment_action(assignment: Assignment) -> QuotaAssignmentAction {

@@ -107,7 +107,8 @@ const REPORT_DEADLINE: Duration = Duration::from_secs(1);
 
 /// The order of `entries` (a bucket's, which has none of its own) that is a path of
 /// `domain`'s rules in `rules` ending at a rule; `None` when no order is. The given order
-/// is tried first, then the sorted one, then the others, walking the rule tree
+/// is tried first, then the sorted one (a stream's buckets come sorted), then the others,
+/// walking the rule tree
 /// ([`Domain::order_matching`]): a bucket no rule matches costs about what one that
 /// matches does.
 pub fn bucket_descriptor(
@@ -119,10 +120,12 @@ pub fn bucket_descriptor(
     if matched_rule(domain, entries).is_some() {
         return Some(entries.to_vec());
     }
-    let mut sorted = entries.to_vec();
-    sorted.sort();
-    if matched_rule(domain, &sorted).is_some() {
-        return Some(sorted);
+    if !entries.is_sorted() {
+        let mut sorted = entries.to_vec();
+        sorted.sort();
+        if matched_rule(domain, &sorted).is_some() {
+            return Some(sorted);
+        }
     }
     let order = domain.order_matching(entries)?;
     Some(
