@@ -154,10 +154,10 @@ async fn a_bucket_no_rule_matches_is_left_to_envoy_and_the_others_keep_their_ass
 /// The issue's target: two Envoys, each reporting to its own floodgate, two floodgates on
 /// one Redis, one user limited to 100 a minute (the example's rule), hammered together for
 /// one whole minute window: what both let through is at least 90 (the quota is not
-/// starved) and at most 100 plus the overshoot bound of docs/algorithms.md ("RLQS
-/// assignments"): each instance may spend its last assignment's burst and one interval at
-/// its rate after the count runs out, `2 × ⌈100 × 5 s / 60 s⌉ = 18` each, plus what each lets
-/// through before its first assignment arrives.
+/// starved) and at most 146, within the bound of docs/algorithms.md ("RLQS assignments")
+/// for two instances joining in the window (the limit, a few tokens and a bucket each, a
+/// share of one interval at the pace, and while the shares are not known, half the limit
+/// more), and what each lets through before its first assignment arrives.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_envoys_on_two_replicas_share_one_limit_of_100_a_minute() {
     let redis = redis_harness::RedisServer::start();
