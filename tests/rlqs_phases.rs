@@ -70,7 +70,7 @@ impl InProcess {
     }
 }
 
-/// Virtual seconds since the test began, which began on an hour boundary.
+/// Virtual seconds since the test began, which began at `rlqs_sweep::EPOCH_SECONDS`.
 struct Virtual(tokio::time::Instant);
 
 impl Timeline for Virtual {
@@ -89,12 +89,13 @@ impl Transport for InProcess {
     }
 }
 
-/// The sweep: windows of 1 s, 10 s, 1 min and 1 h, limits of 1, 5, 100 and 10,000, the
-/// report's offset from the reset every 0.5 s of the report interval, instances and
-/// replicas, demand at a half, once and three times the limit.
+/// The sweep: windows of 1 s, 7 s (the reports' phase in the window moving from one window
+/// to the next), 10 s, 15 s, 1 min and 1 h, limits of 1, 5, 100 and 10,000, the report's
+/// offset from the reset every 0.5 s of the report interval, instances and replicas, demand
+/// at a half, once and three times the limit.
 fn scenarios(full: bool) -> Vec<Scenario> {
     let mut scenarios = Vec::new();
-    for window in [1, 10, 60, 3600] {
+    for window in [1, 7, 10, 15, 60, 3600] {
         for limit in [1, 5, 100, 10_000] {
             let offsets: Vec<f64> = match window {
                 1 => vec![0.0, 0.5],
@@ -104,7 +105,8 @@ fn scenarios(full: bool) -> Vec<Scenario> {
                 for (envoys, replicas) in [(1, 1), (2, 2), (3, 1), (4, 2)] {
                     for demand in [0.5, 1.0, 3.0] {
                         // The cross-section: every offset, with the other axes turning over.
-                        let pick = (index + envoys + (demand * 2.0) as usize).is_multiple_of(4);
+                        let turn = index + envoys + (demand * 2.0) as usize + window as usize;
+                        let pick = turn.is_multiple_of(if window % 10 == 0 { 4 } else { 8 });
                         if full || pick || (window == 3600 && index % 3 == 0 && envoys <= 2) {
                             scenarios.push(Scenario::new(
                                 window, limit, offset, envoys, replicas, demand,
@@ -127,8 +129,7 @@ async fn the_limit_holds_at_every_phase_on_the_memory_backend() {
     }
     let start = tokio::time::Instant::now();
     let clock = Arc::new(VirtualClock {
-        // An hour boundary: every window of the sweep starts at a whole multiple of its length.
-        epoch_micros: 1_800_000_000 * 1_000_000,
+        epoch_micros: rlqs_sweep::EPOCH_SECONDS * 1_000_000,
         start,
     });
     let rules = rlqs_sweep::rules(&mut scenarios);
@@ -157,7 +158,7 @@ async fn shares_follow_the_demand_of_each_reports_interval() {
     ];
     let start = tokio::time::Instant::now();
     let clock = Arc::new(VirtualClock {
-        epoch_micros: 1_800_000_000 * 1_000_000,
+        epoch_micros: rlqs_sweep::EPOCH_SECONDS * 1_000_000,
         start,
     });
     let rules = rlqs_sweep::rules(&mut scenarios);

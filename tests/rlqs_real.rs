@@ -52,7 +52,8 @@ impl Transport for Replicas {
     }
 }
 
-/// Seconds since the last hour boundary before the test began, on the wall clock the
+/// Seconds since the last multiple of `rlqs_sweep::ALIGNED_SECONDS` before the test began
+/// (a window of every length the sweep uses starts there), on the wall clock the
 /// servers and Redis count windows by.
 struct WallClock {
     base: f64,
@@ -61,8 +62,9 @@ struct WallClock {
 impl WallClock {
     fn new() -> Self {
         let now = unix_seconds();
+        let aligned = rlqs_sweep::ALIGNED_SECONDS as f64;
         WallClock {
-            base: (now / 3600.0).floor() * 3600.0,
+            base: (now / aligned).floor() * aligned,
         }
     }
 }

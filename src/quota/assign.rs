@@ -200,15 +200,15 @@ pub fn assign(quota: &BucketQuota, interval: Duration, share: f64) -> Option<Ass
             let left = (*reset_micros as f64 / 1e6).max(SHORTEST_LEFT);
             let share_left = *remaining as f64 * share;
             let rate = ((share_left + 1.0) / left).min(PACE_CAP * quota / window);
-            let burst = burst(rate * BURST_SECONDS, share_left);
+            let burst = burst(rate * BURST_SECONDS, *remaining as f64);
             Some(token_bucket(rate, burst, ttl))
         }
     }
 }
 
-/// A bucket's capacity: `tokens` rounded up, and two at least when the instance may have
-/// two (`most`): a bucket of one token drops what it fills while full, so requests that
-/// come as fast as its rate would get every other token.
+/// A bucket's capacity: `tokens` rounded up, and two at least when two are left (`most`):
+/// a bucket of one token drops what it fills while full, so requests that come as fast as
+/// its rate would get every other token.
 fn burst(tokens: f64, most: f64) -> f64 {
     let floor = if most >= 2.0 { 2.0 } else { 1.0 };
     tokens.ceil().max(floor)

@@ -17,13 +17,21 @@ use super::rlqs_model::{EnvoyModel, REPORT_PERIOD, Tally};
 /// The domain of the sweep's rules.
 pub const DOMAIN: &str = "phases";
 
+/// Every window length the sweep uses divides this many seconds (an hour and seven
+/// seconds both do): a time line that starts at a multiple of it starts a window of each.
+pub const ALIGNED_SECONDS: u64 = 25_200;
+
+/// A time in 2027 (seconds since the Unix epoch) that starts a window of every length the
+/// sweep uses, for a clock in virtual time.
+pub const EPOCH_SECONDS: u64 = 71_428 * ALIGNED_SECONDS;
+
 /// Where floodgate is: a stream to one of its replicas.
 pub trait Transport {
     fn connect(&self, replica: usize) -> impl Future<Output = Connection>;
 }
 
 /// Seconds on the sweep's time line, whose zero starts a window of every length the sweep
-/// uses (an hour boundary), and the instant of one.
+/// uses (a multiple of [`ALIGNED_SECONDS`] since the Unix epoch), and the instant of one.
 pub trait Timeline {
     fn now(&self) -> f64;
     fn instant(&self, at: f64) -> tokio::time::Instant;
