@@ -1,5 +1,6 @@
 //! The Rate Limit Quota Service's figures: streams open and opened, reports, buckets held,
-//! assignments by strategy, abandoned buckets and refused reports.
+//! assignments by strategy and those sent at a reset, unmatched buckets by domain,
+//! abandoned buckets and refused reports.
 
 use std::collections::BTreeMap;
 use std::sync::Mutex;

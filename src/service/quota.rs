@@ -28,8 +28,8 @@ const DEMAND_KEPT: Duration = Duration::from_secs(15);
 #[derive(Debug, Clone, PartialEq)]
 pub enum BucketQuota {
     /// No rule of the domain matches the bucket (or the domain is unknown). The stream
-    /// refuses such buckets before charging; a caller that charges without matching first
-    /// gets this, and `crate::quota::assign` does not limit it.
+    /// leaves such buckets unassigned before charging; a caller that charges without
+    /// matching first gets this, and `crate::quota::assign` does not limit it.
     NoRule,
     /// `unlimited: true`.
     Unlimited,
