@@ -12,7 +12,6 @@ use floodgate::proto::envoy::r#type::v3::RateLimitStrategy;
 use floodgate::proto::envoy::r#type::v3::rate_limit_strategy::{BlanketRule, Strategy};
 use floodgate::proto::envoy::service::rate_limit_quota::v3::rate_limit_quota_response::BucketAction;
 use floodgate::proto::envoy::service::rate_limit_quota::v3::rate_limit_quota_response::bucket_action::BucketAction as Action;
-use floodgate::proto::envoy::service::rate_limit_quota::v3::rate_limit_quota_service_client::RateLimitQuotaServiceClient;
 use floodgate::proto::envoy::service::rate_limit_quota::v3::rate_limit_quota_usage_reports::BucketQuotaUsage;
 use floodgate::proto::envoy::service::rate_limit_quota::v3::{
     BucketId, RateLimitQuotaResponse, RateLimitQuotaUsageReports,
@@ -44,19 +43,7 @@ struct Stream {
 
 impl Stream {
     async fn open(server: &Floodgate) -> Stream {
-        let mut client =
-            RateLimitQuotaServiceClient::connect(format!("http://{}", server.grpc_addr))
-                .await
-                .expect("a connection");
-        let (reports, outgoing) = mpsc::channel(16);
-        let outgoing = futures_util::stream::unfold(outgoing, |mut outgoing| async move {
-            outgoing.recv().await.map(|report| (report, outgoing))
-        });
-        let answers = client
-            .stream_rate_limit_quotas(outgoing)
-            .await
-            .expect("the stream opens")
-            .into_inner();
+        let (reports, answers) = harness::quota_stream(server).await;
         Stream { reports, answers }
     }
 

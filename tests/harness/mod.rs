@@ -470,6 +470,32 @@ pub struct RawCall {
     pub body: h2::SendStream<bytes::Bytes>,
 }
 
+/// An RLQS stream to the floodgate at `server`: the sender its reports go on, and what the
+/// server sends back.
+pub async fn quota_stream(
+    server: &Floodgate,
+) -> (
+    tokio::sync::mpsc::Sender<
+        floodgate::proto::envoy::service::rate_limit_quota::v3::RateLimitQuotaUsageReports,
+    >,
+    tonic::Streaming<
+        floodgate::proto::envoy::service::rate_limit_quota::v3::RateLimitQuotaResponse,
+    >,
+) {
+    use floodgate::proto::envoy::service::rate_limit_quota::v3::rate_limit_quota_service_client::RateLimitQuotaServiceClient;
+    let mut client = RateLimitQuotaServiceClient::connect(format!("http://{}", server.grpc_addr))
+        .await
+        .expect("a connection");
+    let (reports, outgoing) = tokio::sync::mpsc::channel(16);
+    let outgoing = futures_util::stream::unfold(outgoing, |mut outgoing| async move {
+        outgoing.recv().await.map(|report| (report, outgoing))
+    });
+    let answers = (client.stream_rate_limit_quotas(outgoing).await)
+        .expect("the stream opens")
+        .into_inner();
+    (reports, answers)
+}
+
 /// Opens a [`RawCall`] to the gRPC port `addr`, with `headers` beside gRPC's own.
 pub async fn raw_call(addr: SocketAddr, headers: &[(&str, &str)]) -> RawCall {
     let method = "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit";

@@ -153,13 +153,13 @@ pub struct Outcome {
 }
 
 /// Runs every scenario at once, each from the first start its window allows after `begin`
-/// on `timeline`; the failures, described.
+/// on `timeline`, and fails naming every run that broke a promise.
 pub async fn run_sweep(
     transport: &impl Transport,
     timeline: &impl Timeline,
     scenarios: &[Scenario],
     begin: f64,
-) -> Vec<String> {
+) {
     let runs = (scenarios.iter()).map(|scenario| run(transport, timeline, scenario, begin));
     let outcomes = futures_util::future::join_all(runs).await;
     let verbose = std::env::var_os("FLOODGATE_RLQS_SWEEP_PRINT").is_some();
@@ -189,7 +189,13 @@ pub async fn run_sweep(
         let judged = judge(scenario, &outcome);
         failures.extend(judged.map(|why| format!("{}: {why}", scenario.describe())));
     }
-    failures
+    assert!(
+        failures.is_empty(),
+        "{} of {} runs failed:\n{}",
+        failures.len(),
+        scenarios.len(),
+        failures.join("\n")
+    );
 }
 
 /// Whether `outcome` keeps the promises: the bound in every window, no expired assignment,
