@@ -318,7 +318,7 @@ impl<'a> Translator<'a> {
         );
         self.ignore(
             &var("TIMEOUT"),
-            "each call has redis_command_timeout_ms (15 ms), then the rule's on_backend_error",
+            "a request waits at most redis_max_wait_ms (40 ms), then the rule's on_backend_error",
         );
         for pipelining in ["PIPELINE_WINDOW", "PIPELINE_LIMIT"] {
             self.ignore(

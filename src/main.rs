@@ -89,7 +89,7 @@ More settings have no flag: set them in the --config file (TOML) or as FLOODGATE
   merge_domain_config                  rule files of one domain add up instead of clashing
   redis_username, redis_password, redis_tls_ca_file, redis_tls_cert_file,
     redis_tls_key_file, redis_pool_size, redis_connect_timeout_ms,
-    redis_command_timeout_ms, redis_key_prefix, redis_breaker_failures,
+    redis_command_timeout_ms, redis_max_wait_ms, redis_key_prefix, redis_breaker_failures,
     redis_breaker_window_ms, redis_breaker_cooldown_ms, redis_local_cache_size   Redis
   redis_per_second.{backend,url,username,password,sentinel_master,pool_size}
                                        a second Redis for per-second limits' counters

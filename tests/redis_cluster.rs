@@ -79,7 +79,13 @@ async fn every_case_holds_on_the_lua_scripts_across_the_cluster() {
         .into_iter()
         .map(|node| cluster.server(node).url())
         .collect();
-    let client = redis::cluster::ClusterClient::new(seeds).expect("valid seed URLs");
+    // Generous waits: the test's own connection is not what it measures (redis-rs gives up
+    // on a reply after 500 ms by default, which a busy machine can take).
+    let client = redis::cluster::ClusterClientBuilder::new(seeds)
+        .connection_timeout(Duration::from_secs(10))
+        .response_timeout(Duration::from_secs(60))
+        .build()
+        .expect("valid seed URLs");
     let mut connection = client
         .get_async_connection()
         .await

@@ -15,6 +15,7 @@ mod stats;
 
 use std::borrow::Cow;
 use std::sync::Arc;
+use std::time::Duration;
 
 use futures_util::future::BoxFuture;
 use tokio::time::Instant;
@@ -99,6 +100,24 @@ pub enum BackendError {
     /// (it answered): for the breaker an answer; for the caller, safe to send again.
     #[error("backend ran the call past its deadline; nothing was counted")]
     Late,
+    /// The request's wait ended while it still waited for its turn on the connection: its
+    /// call was never sent, and never will be. `answering`: replies came back meanwhile
+    /// (for the breaker an answer, a busy backend; otherwise a silence, like a timeout).
+    #[error("backend gave no turn within {waited:?}; nothing was sent")]
+    Unsent {
+        waited: std::time::Duration,
+        answering: bool,
+    },
+    /// Refused without a call: Redis' quickest round trip lately is above the command
+    /// timeout, so no call could be answered in time. Not a failure for the breaker.
+    #[error(
+        "redis is too far: its quickest round trip lately ({round_trip:?}) is above \
+         redis_command_timeout_ms ({timeout:?}); nothing was sent"
+    )]
+    TooFar {
+        round_trip: std::time::Duration,
+        timeout: std::time::Duration,
+    },
     /// Shed before any wait: the backend already had as much work in flight as it answers
     /// in time. The backend is alive; the request gets its rules' failure policy at once.
     #[error("backend overloaded: request shed before calling it ({0})")]
@@ -243,6 +262,8 @@ impl BackendError {
             self,
             BackendError::NothingCounted(_)
                 | BackendError::NotReady(_)
+                | BackendError::Unsent { .. }
+                | BackendError::TooFar { .. }
                 | BackendError::Late
                 | BackendError::Overloaded(_)
                 | BackendError::Config(_)
@@ -496,8 +517,15 @@ impl Backend {
                 breaker.record(admission, outcome, since);
             }
             None => {
-                // Shed: nothing was sent, so nothing is learnt about the backend.
-                self.stats.record_shed();
+                // Shed, or Redis too far to call: nothing was sent, so nothing is learnt
+                // about the backend.
+                let too_far = (results.iter())
+                    .any(|result| matches!(result, Err(BackendError::TooFar { .. })));
+                if too_far {
+                    self.stats.record_too_far();
+                } else {
+                    self.stats.record_shed();
+                }
                 if admission == Admission::Probe {
                     breaker.record(admission, Outcome::TimedOut, since);
                 }
@@ -509,6 +537,18 @@ impl Backend {
     /// The remote calls' duration and failures.
     pub fn stats(&self) -> &BackendStats {
         &self.stats
+    }
+
+    /// The quickest round trip to Redis lately, of the connection (or primary, or store)
+    /// where it is longest; `None` on memory and before the first was measured.
+    pub fn redis_round_trip(&self) -> Option<Duration> {
+        let own = match &self.store {
+            Store::Memory(_) => None,
+            Store::Redis(redis) => redis.quickest_round_trip(),
+            Store::RedisCluster(cluster) => cluster.quickest_round_trip(),
+        };
+        let per_second = (self.per_second.as_ref()).and_then(|store| store.redis_round_trip());
+        own.max(per_second)
     }
 
     /// Whether the circuit breaker is open (never, without one).
@@ -654,11 +694,25 @@ fn outcome(results: &[Result<Decision, BackendError>]) -> Option<Outcome> {
     let mut outcome = None;
     for result in results {
         let this = match result {
-            Ok(_) | Err(BackendError::Protocol(_) | BackendError::Late | BackendError::Busy(_)) => {
+            Ok(_)
+            | Err(
+                BackendError::Protocol(_)
+                | BackendError::Late
+                | BackendError::Busy(_)
+                | BackendError::Unsent {
+                    answering: true, ..
+                },
+            ) => {
                 return Some(Outcome::Answered);
             }
-            Err(BackendError::Overloaded(_)) => continue,
-            Err(BackendError::Timeout(_) | BackendError::NotReady(_)) => Outcome::TimedOut,
+            Err(BackendError::Overloaded(_) | BackendError::TooFar { .. }) => continue,
+            Err(
+                BackendError::Timeout(_)
+                | BackendError::NotReady(_)
+                | BackendError::Unsent {
+                    answering: false, ..
+                },
+            ) => Outcome::TimedOut,
             Err(
                 BackendError::Unavailable(_)
                 | BackendError::NothingCounted(_)

@@ -22,6 +22,18 @@ struct Samples {
     epoch: u64,
     current: Option<i64>,
     previous: Option<i64>,
+    /// How many samples each of the two epochs took.
+    current_count: u64,
+    previous_count: u64,
+}
+
+impl Samples {
+    fn least(&self) -> Option<i64> {
+        match (self.current, self.previous) {
+            (Some(current), Some(previous)) => Some(current.min(previous)),
+            (current, previous) => current.or(previous),
+        }
+    }
 }
 
 impl RecentLeast {
@@ -41,19 +53,25 @@ impl RecentLeast {
         if epoch > samples.epoch {
             if samples.current.is_some() {
                 samples.previous = samples.current.take();
+                samples.previous_count = std::mem::take(&mut samples.current_count);
             }
             samples.epoch = epoch;
         }
         samples.current = Some(samples.current.map_or(value, |least| least.min(value)));
+        samples.current_count += 1;
+    }
+
+    /// The least value in force, when it rests on at least `count` samples: one sample may
+    /// be one unlucky moment.
+    pub fn least_of(&self, count: u64) -> Option<i64> {
+        let samples = self.lock();
+        let in_force = samples.current_count + samples.previous_count;
+        (in_force >= count).then(|| samples.least()).flatten()
     }
 
     /// The least value in force; `None` before the first sample.
     pub fn least(&self) -> Option<i64> {
-        let samples = self.lock();
-        match (samples.current, samples.previous) {
-            (Some(current), Some(previous)) => Some(current.min(previous)),
-            (current, previous) => current.or(previous),
-        }
+        self.lock().least()
     }
 
     /// `at` in µs since this estimate began, the local time scale its users share.
@@ -92,6 +110,19 @@ mod tests {
             Some(8),
             "two epochs on, the old minimum is gone"
         );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_least_value_may_ask_for_enough_samples() {
+        let recent = RecentLeast::new(EPOCH);
+        let start = Instant::now();
+        recent.observe(7, start);
+        assert_eq!(recent.least_of(2), None);
+        recent.observe(9, start + EPOCH);
+        assert_eq!(recent.least_of(2), Some(7));
+        recent.observe(8, start + 2 * EPOCH);
+        assert_eq!(recent.least_of(3), None, "the first epoch's sample is gone");
+        assert_eq!(recent.least_of(2), Some(8));
     }
 
     #[tokio::test(start_paused = true)]

@@ -16,15 +16,18 @@ pub enum ErrorKind {
     Config,
     /// Not a call: the open circuit breaker refused it.
     CircuitOpen,
+    /// Not a call: Redis' quickest round trip is above the command timeout.
+    TooFar,
 }
 
 impl ErrorKind {
-    const ALL: [ErrorKind; 5] = [
+    const ALL: [ErrorKind; 6] = [
         ErrorKind::Timeout,
         ErrorKind::Unavailable,
         ErrorKind::Protocol,
         ErrorKind::Config,
         ErrorKind::CircuitOpen,
+        ErrorKind::TooFar,
     ];
 
     /// The kind of a failed call; `None` for a request shed before any call, which
@@ -34,7 +37,9 @@ impl ErrorKind {
             BackendError::Timeout(_)
             | BackendError::NotReady(_)
             | BackendError::Late
-            | BackendError::Busy(_) => Some(ErrorKind::Timeout),
+            | BackendError::Busy(_)
+            | BackendError::Unsent { .. } => Some(ErrorKind::Timeout),
+            BackendError::TooFar { .. } => Some(ErrorKind::TooFar),
             BackendError::Unavailable(_) | BackendError::NothingCounted(_) => {
                 Some(ErrorKind::Unavailable)
             }
@@ -51,6 +56,7 @@ impl ErrorKind {
             ErrorKind::Protocol => "protocol",
             ErrorKind::Config => "config",
             ErrorKind::CircuitOpen => "circuit_open",
+            ErrorKind::TooFar => "too_far",
         }
     }
 }
@@ -85,6 +91,12 @@ impl BackendStats {
     /// A call the open circuit breaker refused.
     pub fn record_circuit_open(&self) {
         self.errors[ErrorKind::CircuitOpen as usize].add(1);
+    }
+
+    /// A request refused without a call: Redis' quickest round trip is above the command
+    /// timeout.
+    pub fn record_too_far(&self) {
+        self.errors[ErrorKind::TooFar as usize].add(1);
     }
 
     /// A request shed before its call: the backend had as much in flight as it answers in

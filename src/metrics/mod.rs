@@ -433,7 +433,8 @@ fn render_backend(page: &mut Exposition, backend: &Backend) {
 
     let name = "floodgate_backend_errors_total";
     let help = "Remote backend calls that failed, by kind (circuit_open: refused by the open \
-                circuit breaker without a call).";
+                circuit breaker without a call; too_far: refused without a call, Redis' \
+                quickest round trip being above redis_command_timeout_ms).";
     page.family(name, Kind::Counter, help);
     for (kind, count) in stats.errors() {
         page.sample(name, &[("kind", kind)], count);
@@ -450,6 +451,16 @@ fn render_backend(page: &mut Exposition, backend: &Backend) {
     let help = "1 while the remote backend's circuit breaker is open, else 0.";
     page.family(name, Kind::Gauge, help);
     page.sample(name, &[], u8::from(backend.circuit_open()));
+
+    if let Some(round_trip) = backend.redis_round_trip() {
+        let name = "floodgate_redis_round_trip_seconds";
+        let help = "The quickest round trip to Redis lately (of the connection where it is \
+                    longest). Above redis_command_timeout_ms Redis is too far to call: every \
+                    request is answered by its rules' on_backend_error at once \
+                    (floodgate_backend_errors_total{kind=\"too_far\"}).";
+        page.family(name, Kind::Gauge, help);
+        page.sample(name, &[], round_trip.as_secs_f64());
+    }
 
     let name = "floodgate_over_limit_cache_entries";
     let help = "Exhausted counters remembered by the over-limit cache.";

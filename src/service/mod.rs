@@ -18,6 +18,7 @@ mod stats;
 
 use std::borrow::Cow;
 use std::sync::Arc;
+use std::time::Duration;
 
 use arc_swap::ArcSwap;
 use tokio::time::Instant;
@@ -50,6 +51,9 @@ pub struct ServiceOptions {
     pub request_limits: RequestLimits,
     /// Hits above this share of a limit count as near it in the rule statistics.
     pub near_limit_ratio: f64,
+    /// The most a request waits for its backend, whatever its caller's deadline
+    /// (`redis_max_wait_ms`).
+    pub backend_max_wait: Duration,
 }
 
 impl ServiceOptions {
@@ -64,7 +68,15 @@ impl ServiceOptions {
             on_backend_error: settings.on_backend_error.into(),
             request_limits: settings.request_limits,
             near_limit_ratio: settings.near_limit_ratio,
+            backend_max_wait: settings.redis_max_wait(),
         }
+    }
+
+    /// When a request that reached the service now must have its backend's answer: its
+    /// caller's deadline, or [`backend_max_wait`](Self::backend_max_wait) from now if sooner.
+    fn backend_deadline(&self, caller: Option<Instant>) -> Instant {
+        let ours = Instant::now() + self.backend_max_wait;
+        caller.map_or(ours, |caller| caller.min(ours))
     }
 }
 
@@ -205,9 +217,10 @@ impl RateLimiter {
     }
 
     /// Decides one request whose caller waits for the answer until `deadline` (gRPC's
-    /// `grpc-timeout`): a backend that cannot answer by then leaves the request to its rules'
-    /// `on_backend_error` in time for the answer to arrive. The backend call is traced as a
-    /// child of `span`.
+    /// `grpc-timeout`): a backend that cannot answer by then, or within
+    /// [`ServiceOptions::backend_max_wait`] if that comes first, leaves the request to its
+    /// rules' `on_backend_error` in time for the answer to arrive. The backend call is traced
+    /// as a child of `span`.
     pub async fn should_rate_limit_by(
         &self,
         request: &RateLimitRequest,
@@ -215,6 +228,7 @@ impl RateLimiter {
         span: Option<&DecisionSpan>,
     ) -> Result<RateLimitResponse, DecideError> {
         request::check(request, &self.options.request_limits)?;
+        let deadline = self.options.backend_deadline(deadline);
         let rules = self.rules.load();
         let resolutions = match rules.domain(&request.domain) {
             Some(domain) => resolve_all(domain, &request.descriptors)?,
@@ -230,7 +244,7 @@ impl RateLimiter {
         let traced = (span.filter(|_| !hits.is_empty()))
             .map(|span| span.backend_call(self.backend.kind(), hits.len()));
         let answers = (self.backend)
-            .hit_all(&hits, self.options.on_reject, deadline)
+            .hit_all(&hits, self.options.on_reject, Some(deadline))
             .await;
         if let Some(traced) = traced {
             traced.finish(&answers.results);

@@ -3,6 +3,7 @@
 
 #![allow(dead_code)]
 
+pub mod cpu;
 pub mod statsd;
 
 use std::io::{BufRead, BufReader, Read, Write};

@@ -4,7 +4,7 @@
 
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -16,6 +16,8 @@ use tokio::time::Instant;
 pub struct DelayedLink {
     address: SocketAddr,
     accepted: Arc<AtomicUsize>,
+    /// The delay each way, in µs: bytes read from now on are held this long.
+    one_way_micros: Arc<AtomicU64>,
     acceptor: tokio::task::JoinHandle<()>,
 }
 
@@ -27,8 +29,10 @@ impl DelayedLink {
             .expect("bind a relay");
         let address = listener.local_addr().expect("the relay's address");
         let accepted = Arc::new(AtomicUsize::new(0));
+        let one_way_micros = Arc::new(AtomicU64::new(one_way.as_micros() as u64));
         let acceptor = tokio::spawn({
             let accepted = accepted.clone();
+            let one_way = one_way_micros.clone();
             async move {
                 while let Ok((client, _)) = listener.accept().await {
                     let Ok(server) = TcpStream::connect(("127.0.0.1", redis_port)).await else {
@@ -39,14 +43,15 @@ impl DelayedLink {
                     let _ = server.set_nodelay(true);
                     let (client_read, client_write) = client.into_split();
                     let (server_read, server_write) = server.into_split();
-                    delayed(client_read, server_write, one_way);
-                    delayed(server_read, client_write, one_way);
+                    delayed(client_read, server_write, one_way.clone());
+                    delayed(server_read, client_write, one_way.clone());
                 }
             }
         });
         DelayedLink {
             address,
             accepted,
+            one_way_micros,
             acceptor,
         }
     }
@@ -54,6 +59,12 @@ impl DelayedLink {
     /// `redis://` URL of the relay.
     pub fn url(&self) -> String {
         format!("redis://{}", self.address)
+    }
+
+    /// Holds the bytes read from now on `one_way` each way (on every connection, open or
+    /// new); bytes already held keep their time, so order is kept.
+    pub fn set_delay(&self, one_way: Duration) {
+        (self.one_way_micros).store(one_way.as_micros() as u64, Ordering::SeqCst);
     }
 
     /// How many connections the relay has accepted so far.
@@ -68,12 +79,12 @@ impl Drop for DelayedLink {
     }
 }
 
-/// Copies `from` to `to`, each chunk `delay` after it was read, in order; either side closing
-/// closes the other.
+/// Copies `from` to `to`, each chunk the delay in force (µs) after it was read, in order;
+/// either side closing closes the other.
 fn delayed(
     mut from: tokio::net::tcp::OwnedReadHalf,
     mut to: tokio::net::tcp::OwnedWriteHalf,
-    delay: Duration,
+    delay_micros: Arc<AtomicU64>,
 ) {
     let (chunks, mut due) = mpsc::unbounded_channel::<(Instant, Vec<u8>)>();
     tokio::spawn(async move {
@@ -83,6 +94,7 @@ fn delayed(
                 Ok(0) | Err(_) => return,
                 Ok(read) => read,
             };
+            let delay = Duration::from_micros(delay_micros.load(Ordering::SeqCst));
             if chunks
                 .send((Instant::now() + delay, buffer[..read].to_vec()))
                 .is_err()

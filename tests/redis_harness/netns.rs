@@ -139,7 +139,27 @@ impl IsolatedRedis {
         }
     }
 
-    /// Removes the rules [`cut`](Self::cut) added.
+    /// Drops each packet in and out of the namespace with probability `share` (0 to 1), as a
+    /// lossy link does: TCP retransmits, so replies come late or, for a while, not at all.
+    pub fn lose(&self, share: f64) {
+        let probability = format!("{share}");
+        for chain in ["INPUT", "OUTPUT"] {
+            self.iptables(&[
+                "-A",
+                chain,
+                "-m",
+                "statistic",
+                "--mode",
+                "random",
+                "--probability",
+                &probability,
+                "-j",
+                "DROP",
+            ]);
+        }
+    }
+
+    /// Removes the rules [`cut`](Self::cut) or [`lose`](Self::lose) added.
     pub fn heal(&self) {
         self.iptables(&["-F"]);
     }

@@ -20,10 +20,16 @@
 //! or whose deadline is nearer than calls have lately waited, is refused before it waits,
 //! with [`BackendError::Overloaded`].
 //!
-//! **Two bounds.** A request waits for its turn until its own deadline (the caller's, or the
-//! command timeout when it gave none); a call, once sent, waits for Redis at most the command
-//! timeout. So a server that is slow to get to its requests (short of CPU) does not fail them
-//! while Redis answers in time, and a Redis that stalls costs each call one timeout.
+//! **Two bounds.** A request waits for its turn until its own deadline (80% of the caller's,
+//! or `redis_max_wait_ms` from its start if sooner: the service sets it); a call, once sent,
+//! must be started by Redis within the command timeout. So a server that is slow to get to
+//! its requests (short of CPU) does not fail them while Redis answers in time, and a Redis
+//! that stalls costs each request at most its wait. A request whose wait ends before its call
+//! was sent is never sent afterwards ([`Turn`]), and says so: nothing was counted.
+//!
+//! **Too far.** A Redis whose quickest round trip lately is above the command timeout cannot
+//! answer any call in time: requests are answered at once ([`BackendError::TooFar`]), and a
+//! `TIME` measures the way again every [`FAR_PROBE_INTERVAL`] until it is near enough.
 //!
 //! **Never counted once answered.** A request that stops waiting (its deadline passed) before
 //! its call is sent is left out of the call. A call that is out carries the earliest deadline
@@ -46,7 +52,7 @@
 //! A lane does not know what it talks to: a [`Link`] sends its calls, to a standalone server
 //! (`ServerLink` in `mod.rs`) or to one node of a cluster (`cluster.rs`).
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
@@ -76,6 +82,12 @@ const REQUESTS_PER_CALL: usize = 256;
 /// four times the command timeout, if longer: a Redis busy with another client's slow
 /// command answers within that): a partition or a stopped server, not a slow one.
 const SILENCE: Duration = Duration::from_millis(100);
+/// How often a lane too far for the command timeout measures the round trip again (a
+/// `TIME`), to learn when Redis is near enough to call.
+const FAR_PROBE_INTERVAL: Duration = Duration::from_millis(200);
+/// The round trips a lane must have measured before it finds Redis too far: one slow sample
+/// (a busy machine, a Redis just started) is one unlucky moment, not a distance.
+const FAR_SAMPLES: u64 = 4;
 
 /// How a lane reaches the server its calls run on.
 pub(super) trait Link: Send + Sync + 'static {
@@ -94,6 +106,9 @@ pub(super) trait Link: Send + Sync + 'static {
 
     /// The connection looks broken: the next call should not use it.
     fn reset(&self);
+
+    /// The server, for the log: its address, without credentials.
+    fn name(&self) -> &str;
 }
 
 /// What every lane needs besides its link: the script, the timeouts and the local clock
@@ -121,7 +136,50 @@ struct Request {
     admitted: Instant,
     /// When the caller stops waiting and answers the request another way.
     deadline: Instant,
+    /// Whether the request has gone to Redis, or its caller gave up before it did.
+    turn: Arc<Turn>,
     reply: oneshot::Sender<Vec<Result<Decision, BackendError>>>,
+}
+
+/// A request's turn, settled once by whichever comes first: its call is sent (the driver),
+/// or its caller stops waiting (its deadline). So a caller that gives up knows whether
+/// nothing was sent, and a request given up is never sent afterwards.
+#[derive(Default)]
+struct Turn(AtomicU8);
+
+impl Turn {
+    const WAITING: u8 = 0;
+    const SENT: u8 = 1;
+    const ABANDONED: u8 = 2;
+
+    /// The driver sends the request: `false` if its caller has given up on it.
+    fn send(&self) -> bool {
+        match (self.0).compare_exchange(
+            Self::WAITING,
+            Self::SENT,
+            Ordering::AcqRel,
+            Ordering::Acquire,
+        ) {
+            Ok(_) => true,
+            Err(now) => now == Self::SENT,
+        }
+    }
+
+    /// The caller gives up: `true` if the request was never sent (and now never will be).
+    fn abandon(&self) -> bool {
+        (self.0)
+            .compare_exchange(
+                Self::WAITING,
+                Self::ABANDONED,
+                Ordering::AcqRel,
+                Ordering::Acquire,
+            )
+            .is_ok()
+    }
+
+    fn abandoned(&self) -> bool {
+        self.0.load(Ordering::Acquire) == Self::ABANDONED
+    }
 }
 
 /// A connection's queue and its driver.
@@ -167,9 +225,15 @@ struct LaneState<L> {
     /// mean over the last ~8): how much earlier than a request's deadline Redis must run
     /// its call for the verdict to reach it in time.
     reading_lag_micros: AtomicU64,
-    /// The quickest round trip of a call lately (µs): how long before its deadline a
-    /// request must leave.
+    /// The quickest round trip of a call (or a `TIME`) lately (µs): how long before its
+    /// deadline a request must leave, and whether Redis is near enough to call at all.
     quickest_round_trip: RecentLeast,
+    /// Whether the lane last found Redis too far to call (logged when it changes).
+    too_far: AtomicBool,
+    /// When a lane too far last measured the round trip again, and whether a measure is
+    /// under way.
+    last_far_probe: Mutex<Option<Instant>>,
+    probing: AtomicBool,
 }
 
 impl<L: Link> Lane<L> {
@@ -195,6 +259,9 @@ impl<L: Link> Lane<L> {
                 last_call: Mutex::new(None),
                 reading_lag_micros: AtomicU64::new(0),
                 quickest_round_trip: RecentLeast::new(EPOCH),
+                too_far: AtomicBool::new(false),
+                last_far_probe: Mutex::new(None),
+                probing: AtomicBool::new(false),
             }),
             queue: OnceLock::new(),
         }
@@ -210,6 +277,9 @@ impl<L: Link> Lane<L> {
     ) -> Vec<Result<Decision, BackendError>> {
         let count = hits.len();
         let now = Instant::now();
+        if let Some(too_far) = self.state.too_far(now) {
+            return vec![Err(too_far); count];
+        }
         if let Err(refusal) = self.state.capacity.admit(count, now, deadline) {
             let why = match refusal {
                 Refusal::Full => "redis has as many hits in flight as it answers in time",
@@ -218,11 +288,13 @@ impl<L: Link> Lane<L> {
             return vec![Err(BackendError::Overloaded(why)); count];
         }
         let (reply, answer) = oneshot::channel();
+        let turn = Arc::new(Turn::default());
         let request = Request {
             hits,
             mode,
             admitted: now,
             deadline,
+            turn: turn.clone(),
             reply,
         };
         if let Err(unsent) = self.queue().send(request) {
@@ -234,11 +306,21 @@ impl<L: Link> Lane<L> {
         match timeout_at(deadline, answer).await {
             Ok(Ok(results)) => results,
             Ok(Err(_)) => vec![Err(BackendError::Unavailable("redis call dropped".into())); count],
-            // Replies came back meanwhile: Redis is alive, only not done with this request.
-            Err(_) if lock(&self.state.last_reply).is_some_and(|at| at > now) => {
-                vec![Err(BackendError::Busy(timeout)); count]
+            Err(_) => {
+                // Replies came back meanwhile: Redis is alive, only not done with this request.
+                let answering = lock(&self.state.last_reply).is_some_and(|at| at > now);
+                let error = if turn.abandon() {
+                    BackendError::Unsent {
+                        waited: timeout,
+                        answering,
+                    }
+                } else if answering {
+                    BackendError::Busy(timeout)
+                } else {
+                    BackendError::Timeout(timeout)
+                };
+                vec![Err(error); count]
             }
-            Err(_) => vec![Err(BackendError::Timeout(timeout)); count],
         }
     }
 
@@ -270,6 +352,12 @@ impl<L: Link> Lane<L> {
     /// One command on this lane's connection, outside the batched calls (admin work).
     pub async fn query(&self, command: &redis::Cmd) -> Result<redis::Value, BackendError> {
         self.state.link.query(command).await
+    }
+
+    /// The quickest round trip to the server lately; `None` before the first.
+    pub fn quickest_round_trip(&self) -> Option<Duration> {
+        let micros = self.state.quickest_round_trip.least()?;
+        Some(Duration::from_micros(micros.unsigned_abs()))
     }
 
     /// The local instant `at` on the server's clock, as far as this lane knows it.
@@ -364,6 +452,91 @@ impl<L: Link> LaneState<L> {
     fn far(&self) -> bool {
         let quickest = self.quickest_round_trip.least().unwrap_or(0).unsigned_abs();
         4 * Duration::from_micros(quickest) >= self.shared.command_timeout
+    }
+
+    /// Why a request cannot be sent now: the quickest round trip lately (of at least
+    /// [`FAR_SAMPLES`]) is above the command timeout, so no call could be answered within
+    /// it. While the quickest is above it, a `TIME` measures the way again: at once while
+    /// the samples are too few to tell, then every [`FAR_PROBE_INTERVAL`]. A lane that was
+    /// near learns it is far once its quicker samples age out (10–20 s); a change either way
+    /// is logged.
+    fn too_far(self: &Arc<Self>, now: Instant) -> Option<BackendError> {
+        let timeout = self.shared.command_timeout;
+        let quickest = Duration::from_micros(self.quickest_round_trip.least()?.unsigned_abs());
+        if quickest <= timeout {
+            self.note_distance(false, quickest);
+            return None;
+        }
+        let confirmed = self.quickest_round_trip.least_of(FAR_SAMPLES).is_some();
+        self.probe_round_trip_if_due(now, confirmed);
+        if !confirmed {
+            return None;
+        }
+        self.note_distance(true, quickest);
+        Some(BackendError::TooFar {
+            round_trip: quickest,
+            timeout,
+        })
+    }
+
+    /// Logs a change of whether Redis is too far to call.
+    fn note_distance(&self, far: bool, round_trip: Duration) {
+        if far == self.too_far.swap(far, Ordering::Relaxed) {
+            return;
+        }
+        let link = self.link.name();
+        let round_trip_ms = round_trip.as_secs_f64() * 1e3;
+        if far {
+            let timeout_ms = self.shared.command_timeout.as_secs_f64() * 1e3;
+            tracing::warn!(
+                redis = %link,
+                round_trip_ms,
+                timeout_ms,
+                "redis is too far for redis_command_timeout_ms: its quickest round trip lately \
+                 is above it, so every request is answered by its rules' on_backend_error at \
+                 once until it is nearer; raise redis_command_timeout_ms (and \
+                 redis_max_wait_ms) above the round trip to call it"
+            );
+        } else {
+            tracing::info!(
+                redis = %link,
+                round_trip_ms,
+                "redis is near enough for redis_command_timeout_ms again"
+            );
+        }
+    }
+
+    /// Starts a measure of the round trip unless one is under way or (`paced`) the last
+    /// began less than [`FAR_PROBE_INTERVAL`] ago.
+    fn probe_round_trip_if_due(self: &Arc<Self>, now: Instant, paced: bool) {
+        {
+            let mut last = lock(&self.last_far_probe);
+            let recent =
+                last.is_some_and(|at| now.saturating_duration_since(at) < FAR_PROBE_INTERVAL);
+            if (paced && recent) || self.probing.swap(true, Ordering::AcqRel) {
+                return;
+            }
+            *last = Some(now);
+        }
+        tokio::spawn(self.clone().probe_round_trip());
+    }
+
+    /// Measures the round trip once more (a `TIME` on a ready connection), within the
+    /// connection's set-up bound; a connection that fails is dropped.
+    async fn probe_round_trip(self: Arc<Self>) {
+        let bound = self.shared.connect_timeout + self.silence();
+        let probe = async {
+            let connection = self.ready().await?;
+            if let Err(error) = read_redis_clock(&self).await {
+                self.drop_connection(connection);
+                return Err(error);
+            }
+            Ok(())
+        };
+        if let Ok(Err(error)) = timeout(bound, probe).await {
+            tracing::debug!(%error, "measuring the round trip to a far redis failed");
+        }
+        self.probing.store(false, Ordering::Release);
     }
 
     /// When `waiting` must leave, beside the calls out if need be: two quick round trips
@@ -467,7 +640,7 @@ fn dispatch<L: Link>(
     }
     let mut requests = std::mem::replace(waiting, Vec::with_capacity(REQUESTS_PER_CALL));
     requests.retain(|request| {
-        let answered = request.reply.is_closed();
+        let answered = request.reply.is_closed() || request.turn.abandoned();
         if answered {
             state.capacity.release(request.hits.len());
         }
@@ -567,8 +740,9 @@ enum Failure {
 
 /// Sends `requests` in one call. Redis runs it by the earliest of their deadlines (less this
 /// process' recent lag in reading replies) and the command timeout from now, or not at all;
-/// its verdict is waited for while its requests wait, until the connection would count as
-/// dead ([`SILENCE`]), and for a command timeout past that at least. A call
+/// its verdict is waited for until the connection would count as dead ([`SILENCE`]), and
+/// for a command timeout past the call's bound at least, however soon its requests stop
+/// waiting. A call
 /// Redis ran too late is sent again with the requests that still have time; the others are
 /// answered (nothing was counted) and leave `requests`. The results are those of the
 /// requests that stay, in order.
@@ -578,6 +752,15 @@ async fn exchange_in_time<L: Link>(
 ) -> Result<(Vec<Vec<Result<Decision, BackendError>>>, Ran), Failure> {
     let timeout = state.shared.command_timeout;
     loop {
+        // The requests whose caller gave up before this call have their answer: they stay
+        // out of it, and the others are sent from now on.
+        requests.retain(|request| {
+            let sending = request.turn.send();
+            if !sending {
+                state.capacity.release(request.hits.len());
+            }
+            sending
+        });
         let sent = Instant::now();
         let Some(earliest) = requests.iter().map(|r| r.deadline).min() else {
             let nothing = Ran { sent, at: None };
@@ -590,12 +773,14 @@ async fn exchange_in_time<L: Link>(
         let lag = Duration::from_micros(state.reading_lag_micros.load(Ordering::Relaxed));
         let in_time = earliest.checked_sub(lag).unwrap_or(earliest);
         let deadline = state.redis_clock.redis_time_at(in_time.min(bound));
-        // The script decides nothing after `bound`, so whatever comes back is a verdict:
-        // worth waiting for while its requests do, until the connection would count as dead
-        // (a server short of CPU reads its replies late, and a verdict Redis gave in time is
-        // no less valid), and one timeout past the bound at least.
-        let latest = requests.iter().map(|r| r.deadline).max().unwrap_or(bound);
-        let verdict_by = (bound + timeout).max(latest.min(sent + state.silence()));
+        // The script decides nothing after `bound`, so whatever comes back is a verdict,
+        // worth waiting for until the connection would count as dead (and one timeout past
+        // the bound at least), even once the requests stopped waiting (at most
+        // redis_max_wait_ms): a server short of CPU reads its replies late, and a verdict
+        // Redis gave in time is no less valid; a late one still measures the round trip,
+        // which tells a Redis too far for the timeout; and on a near Redis the next call
+        // leaves only after this one, so a stalled Redis is not sent call after call.
+        let verdict_by = (bound + timeout).max(sent + state.silence());
         let verdict = match timeout_at(verdict_by, exchange(state, requests, deadline)).await {
             Ok(Ok(verdict)) => verdict,
             Ok(Err(error)) => return Err(Failure::Broken(error)),
@@ -636,8 +821,11 @@ async fn exchange_in_time<L: Link>(
 /// error reply only leaves the clock unknown (the script reads `TIME` itself, so its reply
 /// gives the next call one).
 async fn read_redis_clock<L: Link>(state: &LaneState<L>) -> Result<(), BackendError> {
+    let asked = Instant::now();
     let reply = state.link.query(&redis::cmd("TIME")).await?;
     let received = Instant::now();
+    let round_trip = received.saturating_duration_since(asked).as_micros();
+    (state.quickest_round_trip).observe(i64::try_from(round_trip).unwrap_or(i64::MAX), received);
     match redis::from_redis_value::<(u64, u64)>(reply) {
         Ok((seconds, micros)) => {
             let now = seconds.saturating_mul(1_000_000).saturating_add(micros);

@@ -33,6 +33,7 @@ use redis::cluster_routing::{RoutingInfo, SingleNodeRoutingInfo};
 use redis::io::tcp::TcpSettings;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 use tokio::time::{Instant, timeout_at};
 
 use crate::backend::{BackendError, CounterHit, give_backs, rejects, settle_give_backs};
@@ -76,6 +77,8 @@ struct Connector {
 struct NodeLink {
     connector: Arc<Connector>,
     node: SingleNodeRoutingInfo,
+    /// `host:port`, for the log.
+    name: String,
 }
 
 impl Link for NodeLink {
@@ -108,6 +111,10 @@ impl Link for NodeLink {
     /// The cluster connection reconnects by itself; the backend reads the slot map again
     /// after a failed call.
     fn reset(&self) {}
+
+    fn name(&self) -> &str {
+        &self.name
+    }
 }
 
 impl RedisClusterBackend {
@@ -240,6 +247,7 @@ impl RedisClusterBackend {
                                     | BackendError::NothingCounted(_)
                                     | BackendError::NotReady(_)
                                     | BackendError::Busy(_)
+                                    | BackendError::Unsent { .. }
                                     | BackendError::Timeout(_))
                             );
                             results[index] = Some(answer);
@@ -332,6 +340,14 @@ impl RedisClusterBackend {
         Ok(deleted)
     }
 
+    /// The quickest round trip lately to the primary where it is longest; `None` before
+    /// any was measured.
+    pub fn quickest_round_trip(&self) -> Option<Duration> {
+        (lock(&self.lanes).values())
+            .filter_map(|lane| lane.quickest_round_trip())
+            .max()
+    }
+
     /// The lane of `node`, made on first use.
     fn lane(&self, node: &Node) -> Arc<Lane<NodeLink>> {
         let mut lanes = lock(&self.lanes);
@@ -344,6 +360,7 @@ impl RedisClusterBackend {
                 host: node.host.clone(),
                 port: node.port,
             },
+            name: format!("{}:{}", node.host, node.port),
         };
         // Each primary has its own clock.
         let lane = Arc::new(Lane::new(

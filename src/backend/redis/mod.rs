@@ -99,6 +99,8 @@ pub struct RedisBackend {
 struct ServerLink {
     source: Arc<Source>,
     connection: Mutex<Option<PrimaryConnection>>,
+    /// The settings' URL, without credentials.
+    name: String,
 }
 
 impl ServerLink {
@@ -130,6 +132,10 @@ impl Link for ServerLink {
 
     fn reset(&self) {
         *lock(&self.connection) = None;
+    }
+
+    fn name(&self) -> &str {
+        &self.name
     }
 }
 
@@ -163,6 +169,7 @@ impl RedisBackend {
         let link = || ServerLink {
             source: source.clone(),
             connection: Mutex::new(None),
+            name: redact(&options.url),
         };
         // Every lane talks to one server, so they share what they learn of its clock.
         let redis_clock = Arc::new(RedisClock::new());
@@ -207,6 +214,15 @@ impl RedisBackend {
             Mode::Each
         };
         self.lane().decide(queued, mode, deadline).await
+    }
+
+    /// The quickest round trip to the server lately, of the connection where it is longest;
+    /// `None` before any was measured.
+    pub fn quickest_round_trip(&self) -> Option<Duration> {
+        self.lanes
+            .iter()
+            .filter_map(Lane::quickest_round_trip)
+            .max()
     }
 
     /// Opens every connection, reads the server's clock and loads the script (at start-up),
