@@ -25,8 +25,9 @@
 //! undo a shrink). So admitted requests are answered by Redis, and a busy Redis never looks
 //! like a dead one.
 //!
-//! **Deadlines.** A request whose deadline is nearer than the whole wait calls have lately
-//! had (this server's share included) would be answered too late whatever Redis does: it is
+//! **Deadlines.** A request whose deadline is nearer than the whole wait requests have lately
+//! had (this server's share included; a request that ran out of time counts with what it
+//! waited) would be answered too late whatever Redis does: it is
 //! refused at once, unless the connection has fewer than [`FLOOR`] hits in flight. So few
 //! make no queue to refuse for: their wait is the link's and this server's, which refusing
 //! does not shorten. Clients that ask again at once would only make it longer, answering
@@ -60,8 +61,8 @@ pub struct Capacity {
     limit: AtomicUsize,
     /// The queueing in Redis a call may meet before the limit shrinks.
     target: Duration,
-    /// Recent waits of answered calls' oldest requests, smoothed (µs): what a new request
-    /// can expect, whoever is slow.
+    /// Recent waits of answered calls' oldest requests, and of requests that stopped waiting
+    /// before their answer, smoothed (µs): what a new request can expect, whoever is slow.
     expected_wait_micros: AtomicU64,
     /// The least wait before Redis ran a call lately (µs): the part of every wait that is
     /// not queueing.
@@ -150,14 +151,27 @@ impl Capacity {
         self.in_flight.fetch_sub(hits, Ordering::AcqRel);
     }
 
+    /// A request stopped waiting after `waited` with no answer: it would have waited longer.
+    /// Left out, the waits that ran longest would leave the estimate, and the more requests
+    /// ran out of time the fewer would be refused.
+    pub fn gave_up(&self, waited: Duration) {
+        self.note_wait(waited);
+    }
+
+    /// Takes one wait into the expected wait: an exponentially weighted mean over the last
+    /// ~8.
+    fn note_wait(&self, waited: Duration) {
+        let waited = u64::try_from(waited.as_micros()).unwrap_or(u64::MAX);
+        let expected = self.expected_wait_micros.load(Ordering::Relaxed);
+        let smoothed = expected - expected / 8 + waited / 8;
+        self.expected_wait_micros.store(smoothed, Ordering::Relaxed);
+    }
+
     /// A call was answered at `now`, with `times`.
     pub fn answered(&self, times: CallTimes, now: Instant) {
         let micros = |d: Duration| u64::try_from(d.as_micros()).unwrap_or(u64::MAX);
         if let Some(waited) = times.waited {
-            let expected = self.expected_wait_micros.load(Ordering::Relaxed);
-            // An exponentially weighted mean over the last ~8 calls.
-            let smoothed = expected - expected / 8 + micros(waited) / 8;
-            self.expected_wait_micros.store(smoothed, Ordering::Relaxed);
+            self.note_wait(waited);
         }
 
         let Some(wait) = times.redis_wait else {

@@ -38,6 +38,10 @@
 //! call. So a request answered by a timeout (and its rule's failure policy) is not counted in
 //! Redis as well.
 //!
+//! **Replies are read on a thread of their own** ([`redis_io`]): the drivers, connection
+//! set-up and probes run there, so a server busy with requests (a storm of refusals at
+//! overload) still reads a verdict Redis gave in time before its requests' deadlines.
+//!
 //! **Connections are prepared off the request path.** Opening a connection, loading the
 //! script and (once per server) reading its clock run in a task of their own, which no
 //! request's deadline cancels: a Redis a few milliseconds away, where those round trips add
@@ -88,6 +92,24 @@ const FAR_PROBE_INTERVAL: Duration = Duration::from_millis(200);
 /// The round trips a lane must have measured before it finds Redis too far: one slow sample
 /// (a busy machine, a Redis just started) is one unlucky moment, not a distance.
 const FAR_SAMPLES: u64 = 4;
+
+/// The runtime every lane's driver, connection set-up and replies run on: one thread of its
+/// own, so that a server busy with requests (a storm of refusals at overload) still reads
+/// Redis' replies as they come, instead of after its requests' deadlines. It sleeps between
+/// replies, and the system's scheduler wakes such a thread ahead of busy ones.
+fn redis_io() -> &'static tokio::runtime::Handle {
+    static RUNTIME: OnceLock<tokio::runtime::Runtime> = OnceLock::new();
+    RUNTIME
+        .get_or_init(|| {
+            tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(1)
+                .thread_name("floodgate-redis")
+                .enable_all()
+                .build()
+                .expect("a runtime for redis i/o")
+        })
+        .handle()
+}
 
 /// How a lane reaches the server its calls run on.
 pub(super) trait Link: Send + Sync + 'static {
@@ -307,6 +329,7 @@ impl<L: Link> Lane<L> {
             Ok(Ok(results)) => results,
             Ok(Err(_)) => vec![Err(BackendError::Unavailable("redis call dropped".into())); count],
             Err(_) => {
+                self.state.capacity.gave_up(timeout);
                 // Replies came back meanwhile: Redis is alive, only not done with this request.
                 let answering = lock(&self.state.last_reply).is_some_and(|at| at > now);
                 let error = if turn.abandon() {
@@ -368,7 +391,7 @@ impl<L: Link> Lane<L> {
     fn queue(&self) -> &mpsc::UnboundedSender<Request> {
         self.queue.get_or_init(|| {
             let (sender, receiver) = mpsc::unbounded_channel();
-            tokio::spawn(drive(self.state.clone(), receiver));
+            redis_io().spawn(drive(self.state.clone(), receiver));
             sender
         })
     }
@@ -385,7 +408,7 @@ impl<L: Link> LaneState<L> {
                 Readiness::Ready(connection) => return Ok(*connection),
                 Readiness::Preparing(preparation) => preparation.clone(),
                 Readiness::Unprepared => {
-                    let task = tokio::spawn(self.clone().prepare());
+                    let task = redis_io().spawn(self.clone().prepare());
                     let preparation = async move {
                         task.await.unwrap_or_else(|error| {
                             Err(BackendError::NothingCounted(format!(
@@ -518,7 +541,7 @@ impl<L: Link> LaneState<L> {
             }
             *last = Some(now);
         }
-        tokio::spawn(self.clone().probe_round_trip());
+        redis_io().spawn(self.clone().probe_round_trip());
     }
 
     /// Measures the round trip once more (a `TIME` on a ready connection), within the
