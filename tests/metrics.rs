@@ -682,8 +682,9 @@ async fn upstreams_stats_reach_a_statsd_server_over_tcp_and_udp() {
         statsd.receive_until(bound, |received| received.counter(loads) == 1);
         let ask = request("shop", vec![descriptor(&[("user_id", "u1")])]);
         send(&server, &ask, 7).await;
-        let nowhere = request("nowhere", vec![descriptor(&[("user_id", "u1")])]);
-        send(&server, &nowhere, 1).await;
+        // No longer than "shop", the longest domain the rules name: counted by name.
+        let unknown = request("shoe", vec![descriptor(&[("user_id", "u1")])]);
+        send(&server, &unknown, 1).await;
         statsd.receive_until(bound, |received| {
             received.counter(requests) == 8
                 && received.counter(hits) == 7
@@ -691,7 +692,7 @@ async fn upstreams_stats_reach_a_statsd_server_over_tcp_and_udp() {
         });
         let received = &statsd.received;
         assert_eq!(received.counter(loads), 1, "{protocol}: {received:?}");
-        let not_found = "ratelimit.service.rate_limit.nowhere.domain_not_found.__env=test";
+        let not_found = "ratelimit.service.rate_limit.shoe.domain_not_found.__env=test";
         assert_eq!(received.counter(not_found), 1, "{protocol}: {received:?}");
         let timed = &received.timers[times];
         assert_eq!(
@@ -718,8 +719,9 @@ async fn upstreams_stats_reach_a_statsd_server_over_tcp_and_udp() {
 #[tokio::test]
 async fn requests_for_an_unknown_domain_are_counted_by_domain() {
     let server = Floodgate::start(&[("shop.yaml", RULES)], &[]);
-    let nowhere = request("nowhere", vec![descriptor(&[("user_id", "u1")])]);
-    send(&server, &nowhere, 3).await;
+    // No longer than "shop", the longest domain the rules name: counted by name.
+    let unknown = request("shoe", vec![descriptor(&[("user_id", "u1")])]);
+    send(&server, &unknown, 3).await;
     send(
         &server,
         &request("shop", vec![descriptor(&[("user_id", "u1")])]),
@@ -728,6 +730,33 @@ async fn requests_for_an_unknown_domain_are_counted_by_domain() {
     .await;
     let page = scrape(&server).await;
     let name = "ratelimit_service_rate_limit_domain_not_found";
-    assert_eq!(page.get(name, &[("domain", "nowhere")]) as u64, 3);
+    assert_eq!(page.get(name, &[("domain", "shoe")]) as u64, 3);
     assert_eq!(page.series(name).len(), 1, "a known domain is not counted");
+}
+
+/// A client's domain never becomes a label longer than the rules' own domains: a 100 KB
+/// domain is counted as `__other__`, and the page stays small.
+#[tokio::test]
+async fn an_unknown_domain_longer_than_any_rules_is_counted_as_other() {
+    let server = Floodgate::start(&[("shop.yaml", RULES)], &[]);
+    let long = "d".repeat(100_000);
+    send(
+        &server,
+        &request(&long, vec![descriptor(&[("user_id", "u1")])]),
+        2,
+    )
+    .await;
+    send(
+        &server,
+        &request("shops", vec![descriptor(&[("user_id", "u1")])]),
+        1,
+    )
+    .await;
+    let page = scrape(&server).await;
+    let name = "ratelimit_service_rate_limit_domain_not_found";
+    // "shops" is one byte longer than "shop", the longest domain the rules name.
+    assert_eq!(page.get(name, &[("domain", "__other__")]) as u64, 3);
+    assert_eq!(page.series(name).len(), 1);
+    let (_, text) = server.http("GET", "/metrics", "");
+    assert!(text.len() < 50_000, "a page of {} bytes", text.len());
 }

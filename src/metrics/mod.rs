@@ -76,13 +76,20 @@ pub struct Metrics {
     global_shadow_mode: Counter,
     quota: QuotaStats,
     /// Requests for a domain no rule file names, by that domain (at most
-    /// [`MAX_UNKNOWN_DOMAINS`] of them).
+    /// [`MAX_UNKNOWN_DOMAINS`] of them, then [`OTHER_DOMAINS`]).
     domains_not_found: std::sync::Mutex<std::collections::BTreeMap<String, u64>>,
 }
 
-/// Unknown domains counted by name beyond this many are not: a client that sends a new
-/// domain per request must not grow the page (and this process) without bound.
+/// Unknown domains counted by name beyond this many are counted as [`OTHER_DOMAINS`]: a
+/// client that sends a new domain per request must not grow the page (and this process)
+/// without bound.
 pub const MAX_UNKNOWN_DOMAINS: usize = 1_000;
+
+/// The one `domain` label of the unknown domains not counted by name: those past
+/// [`MAX_UNKNOWN_DOMAINS`], and those longer than any domain a rule names (a client's
+/// string of any length never becomes a label, so the series are bounded in bytes too: at
+/// most 1,000 times the longest domain of the rules).
+pub const OTHER_DOMAINS: &str = "__other__";
 
 impl Metrics {
     /// `near_limit_ratio`: the share of a limit above which hits count as near it.
@@ -113,14 +120,27 @@ impl Metrics {
         &self.requests[endpoint as usize]
     }
 
-    /// A request for `domain`, which no rule names (upstream's `domain_not_found`).
-    pub fn record_domain_not_found(&self, domain: &str) {
+    /// A request for `domain`, which no rule names (upstream's `domain_not_found`), the
+    /// longest domain the rules name being `longest_known` bytes: counted by name, or as
+    /// [`OTHER_DOMAINS`] when longer than that or past [`MAX_UNKNOWN_DOMAINS`].
+    pub fn record_domain_not_found(&self, domain: &str, longest_known: usize) {
+        let domain = if domain.len() > longest_known {
+            OTHER_DOMAINS
+        } else {
+            domain
+        };
         let mut counts =
             (self.domains_not_found.lock()).unwrap_or_else(std::sync::PoisonError::into_inner);
         if let Some(count) = counts.get_mut(domain) {
             *count += 1;
-        } else if counts.len() < MAX_UNKNOWN_DOMAINS {
-            counts.insert(domain.to_owned(), 1);
+        } else {
+            let named = counts.len() - usize::from(counts.contains_key(OTHER_DOMAINS));
+            let label = if named < MAX_UNKNOWN_DOMAINS {
+                domain
+            } else {
+                OTHER_DOMAINS
+            };
+            *counts.entry(label.to_owned()).or_default() += 1;
         }
     }
 
@@ -342,7 +362,8 @@ impl Metrics {
             page.sample(name, &[], value);
         }
         let name = "ratelimit_service_rate_limit_domain_not_found";
-        let help = "Requests for a domain no rule names, by domain (the first 1,000 domains).";
+        let help = "Requests for a domain no rule names, by domain: the first 1,000 domains no \
+                    longer than the longest a rule names; the others as __other__.";
         page.family(name, Kind::Counter, help);
         for (domain, count) in self.domains_not_found() {
             page.sample(name, &[("domain", domain.as_str())], count);
@@ -603,5 +624,27 @@ impl RequestStats {
         self.duration.observe(elapsed);
         self.times
             .record(u64::try_from(elapsed.as_micros()).unwrap_or(u64::MAX));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn unknown_domains_past_the_cap_or_longer_than_the_rules_are_counted_as_one() {
+        let metrics = Metrics::new(0.8);
+        metrics.record_domain_not_found(&"x".repeat(100_000), 8);
+        metrics.record_domain_not_found("shop", 8);
+        for domain in 0..MAX_UNKNOWN_DOMAINS + 5 {
+            metrics.record_domain_not_found(&format!("d{domain}"), 8);
+        }
+        let counts = metrics.domains_not_found();
+        assert_eq!(counts.len(), MAX_UNKNOWN_DOMAINS + 1);
+        let other = counts.iter().find(|(domain, _)| domain == OTHER_DOMAINS);
+        // The long one, and the six domains past the cap ("shop" took a place).
+        assert_eq!(other.map(|(_, count)| *count), Some(7));
+        let longest = counts.iter().map(|(domain, _)| domain.len()).max();
+        assert_eq!(longest, Some(OTHER_DOMAINS.len()));
     }
 }

@@ -233,7 +233,9 @@ impl RateLimiter {
         let resolutions = match rules.domain(&request.domain) {
             Some(domain) => resolve_all(domain, &request.descriptors)?,
             None => {
-                self.metrics.record_domain_not_found(&request.domain);
+                let longest = rules.domains.keys().map(String::len).max().unwrap_or(0);
+                self.metrics
+                    .record_domain_not_found(&request.domain, longest);
                 (request.descriptors.iter())
                     .map(|_| Resolution::Pass)
                     .collect()
