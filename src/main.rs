@@ -201,7 +201,7 @@ fn main() -> ExitCode {
     let result = match cli.command.unwrap_or(Command::Serve(ServeArgs::default())) {
         Command::Serve(args) => args.settings().and_then(|settings| {
             init_logging(settings.log_format, "info");
-            runtime()?.block_on(serve(settings))
+            serve_and_leave(settings)
         }),
         Command::Ratelimit => serve_upstream_environment(),
         Command::Counters(command) => {
@@ -232,6 +232,19 @@ fn report(error: anyhow::Error) -> ExitCode {
     ExitCode::FAILURE
 }
 
+/// Serves until shutdown, then leaves without waiting for work the server gave up on: a
+/// lookup of the statsd host whose DNS never answers runs on one of the runtime's blocking
+/// threads, which dropping the runtime would wait for, however long the resolver takes.
+fn serve_and_leave(settings: Settings) -> anyhow::Result<()> {
+    let runtime = runtime()?;
+    let served = runtime.block_on(serve(settings));
+    runtime.shutdown_timeout(LEFT_BEHIND);
+    served
+}
+
+/// How long work the server gave up on may still run at exit.
+const LEFT_BEHIND: Duration = Duration::from_millis(200);
+
 fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
     tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -260,7 +273,7 @@ fn serve_upstream_environment() -> anyhow::Result<()> {
         // environment while it changes.
         unsafe { std::env::set_var(name, value) };
     }
-    runtime()?.block_on(serve(settings))
+    serve_and_leave(settings)
 }
 
 /// Logs at the level `RUST_LOG` names, or `default`.

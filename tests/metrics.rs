@@ -760,3 +760,81 @@ async fn an_unknown_domain_longer_than_any_rules_is_counted_as_other() {
     let (_, text) = server.http("GET", "/metrics", "");
     assert!(text.len() < 50_000, "a page of {} bytes", text.len());
 }
+
+/// A statsd server that refuses (a closed UDP port: each datagram draws an ICMP refusal,
+/// which the socket's next send reports) is logged once, not once a flush.
+#[tokio::test]
+async fn a_refusing_statsd_server_over_udp_is_logged_once() {
+    // A port nobody listens on: bound, then released.
+    let closed = std::net::UdpSocket::bind("127.0.0.1:0").expect("a free port");
+    let addr = closed.local_addr().expect("its address").to_string();
+    drop(closed);
+    let server = Floodgate::start_with_env(
+        &[("shop.yaml", RULES)],
+        &[],
+        &[
+            ("FLOODGATE_STATSD__ADDR", &addr),
+            ("FLOODGATE_STATSD__PROTOCOL", "udp"),
+            ("FLOODGATE_STATSD__FLUSH_INTERVAL_MS", "20"),
+        ],
+    );
+    // A change to send at every flush, for 2 s: a hundred flushes.
+    let ask = request("shop", vec![descriptor(&[("user_id", "u1")])]);
+    let until = std::time::Instant::now() + std::time::Duration::from_secs(2);
+    while std::time::Instant::now() < until {
+        send(&server, &ask, 1).await;
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    let (_, stderr) = server.terminate();
+    let logged = stderr.matches("statsd: could not send").count();
+    assert_eq!(logged, 1, "{stderr}");
+}
+
+/// SIGTERM is not held by a lookup of the statsd host that never ends: the server runs in a
+/// mount namespace of its own whose resolver is a DNS server (in this test) that never
+/// answers, and exits within its grace and a second.
+#[test]
+fn shutdown_is_not_held_by_a_statsd_lookup_that_never_ends() {
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    if unsafe { libc::geteuid() } != 0 {
+        eprintln!("skipped: a resolver of the test's own needs root (a mount namespace)");
+        return;
+    }
+    let Ok(silent_dns) = std::net::UdpSocket::bind("127.0.0.77:53") else {
+        eprintln!("skipped: no port 53 on 127.0.0.77 for a silent DNS server");
+        return;
+    };
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let resolv = dir.path().join("resolv.conf");
+    std::fs::write(
+        &resolv,
+        "nameserver 127.0.0.77\noptions timeout:30 attempts:3\n",
+    )
+    .expect("writing resolv.conf");
+    let script = format!(
+        "mount --bind {} /etc/resolv.conf && exec \"$@\"",
+        resolv.display()
+    );
+    let prefix = ["unshare", "-m", "sh", "-c", script.as_str(), "sh"];
+    let server = Floodgate::start_wrapped(
+        &prefix,
+        &[("shop.yaml", RULES)],
+        &[],
+        &[
+            ("FLOODGATE_STATSD__ADDR", "statsd.floodgate.test:8125"),
+            ("FLOODGATE_STATSD__FLUSH_INTERVAL_MS", "100"),
+            ("FLOODGATE_SHUTDOWN_GRACE", "2"),
+        ],
+    );
+    // The first flush's lookup began at start; the sender gave up on it after 1 s.
+    std::thread::sleep(std::time::Duration::from_millis(1500));
+    let asked = std::time::Instant::now();
+    let (status, stderr) = server.terminate();
+    let took = asked.elapsed();
+    drop(silent_dns);
+    assert!(status.success(), "{status:?}\n{stderr}");
+    assert!(
+        took < std::time::Duration::from_secs(3),
+        "SIGTERM took {took:?} with a 2 s grace\n{stderr}"
+    );
+}

@@ -60,6 +60,7 @@ pub fn spawn(
         suffix: tag_suffix(&settings.extra_tags),
         sent: HashMap::new(),
         connection: None,
+        datagram_socket: None,
     };
     let interval = Duration::from_millis(settings.flush_interval_ms.max(1));
     Some(tokio::spawn(async move {
@@ -67,19 +68,56 @@ pub fn spawn(
         ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         // The first tick is at once: the load of the rules at start goes out, and the
         // response times are taken from then on.
-        let mut failing = false;
+        let mut health = Health::Working;
         loop {
             ticks.tick().await;
-            match sink.flush(report()).await {
-                Ok(()) => failing = false,
-                Err(error) if !failing => {
-                    failing = true;
-                    tracing::warn!(addr = %sink.addr, %error, "statsd: could not send the stats; trying again at each flush");
-                }
-                Err(_) => {}
+            let flushed = sink.flush(report()).await;
+            if let Err(error) = health.after(flushed) {
+                tracing::warn!(addr = %sink.addr, %error, "statsd: could not send the stats; trying again at each flush (logged again once it has worked)");
             }
         }
     }))
+}
+
+/// Whether the statsd server takes the stats, for the log: a failure is logged once, and
+/// again only after the stats went out for [`WORKED`] flushes in a row. A datagram to a
+/// closed UDP port fails only the send after the one that drew the refusal, so one flush in
+/// two "works" there; one success is no sign that it works again.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Health {
+    Working,
+    /// Failing (logged), with the flushes that went out since.
+    Failing {
+        worked: u32,
+    },
+}
+
+/// Flushes in a row that must go out for a failing statsd server to count as working.
+const WORKED: u32 = 3;
+
+impl Health {
+    /// Takes a flush's outcome; the error when it should be logged.
+    fn after<E>(&mut self, flushed: Result<(), E>) -> Result<(), E> {
+        match (flushed, *self) {
+            (Ok(()), Health::Working) => Ok(()),
+            (Ok(()), Health::Failing { worked }) => {
+                *self = if worked + 1 >= WORKED {
+                    Health::Working
+                } else {
+                    Health::Failing { worked: worked + 1 }
+                };
+                Ok(())
+            }
+            (Err(error), Health::Working) => {
+                *self = Health::Failing { worked: 0 };
+                Err(error)
+            }
+            (Err(_), Health::Failing { .. }) => {
+                *self = Health::Failing { worked: 0 };
+                Ok(())
+            }
+        }
+    }
 }
 
 /// `key:value,key:value` as upstream's client writes tags on a plain statsd name:
@@ -98,6 +136,9 @@ struct Sink {
     /// The totals the server has been sent.
     sent: HashMap<String, u64>,
     connection: Option<TcpStream>,
+    /// The UDP socket, kept from flush to flush: a refusal (ICMP port unreachable) is told
+    /// by the socket's next send, so a socket per flush would never hear of one.
+    datagram_socket: Option<UdpSocket>,
 }
 
 impl Sink {
@@ -149,10 +190,22 @@ impl Sink {
                 written
             }
             StatsdProtocol::Udp => {
-                let socket = UdpSocket::bind(("0.0.0.0", 0)).await?;
-                socket.connect(&self.addr).await?;
+                let socket = match self.datagram_socket.as_mut() {
+                    Some(socket) => socket,
+                    None => {
+                        let socket = UdpSocket::bind(("0.0.0.0", 0)).await?;
+                        let connect = socket.connect(&self.addr);
+                        tokio::time::timeout(CONNECT_TIMEOUT, connect)
+                            .await
+                            .map_err(|_| std::io::ErrorKind::TimedOut)??;
+                        self.datagram_socket.insert(socket)
+                    }
+                };
                 for datagram in datagrams(lines) {
-                    socket.send(datagram.as_bytes()).await?;
+                    if let Err(error) = socket.send(datagram.as_bytes()).await {
+                        self.datagram_socket = None;
+                        return Err(error);
+                    }
                 }
                 Ok(())
             }
@@ -226,6 +279,7 @@ mod tests {
             suffix: ".__env=prod".into(),
             sent: HashMap::new(),
             connection: None,
+            datagram_socket: None,
         };
         let totals = vec![
             ("a.total_hits".to_owned(), 5),
@@ -238,6 +292,22 @@ mod tests {
             ("a.over_limit".to_owned(), 0),
         ];
         assert_eq!(sink.changes(&later), ["a.total_hits.__env=prod:2|c\n"]);
+    }
+
+    #[test]
+    fn a_failure_is_logged_once_until_the_stats_went_out_three_flushes_in_a_row() {
+        let mut health = Health::Working;
+        assert_eq!(health.after(Err("refused")), Err("refused"));
+        // A closed UDP port: every other send fails.
+        for _ in 0..50 {
+            assert_eq!(health.after(Ok::<(), &str>(())), Ok(()));
+            assert_eq!(health.after(Err("refused")), Ok(()));
+        }
+        for _ in 0..WORKED {
+            assert_eq!(health.after(Ok::<(), &str>(())), Ok(()));
+        }
+        assert_eq!(health, Health::Working);
+        assert_eq!(health.after(Err("refused")), Err("refused"));
     }
 
     #[test]
