@@ -12,6 +12,13 @@ use crate::rules::RuleStats;
 /// value per request from growing the page (and this process) without bound.
 pub const MAX_REQUEST_LABELLED_SERIES: usize = 10_000;
 
+/// The most bytes of labels (domain and key path) the series labelled with request values
+/// hold together; past it, as past [`MAX_REQUEST_LABELLED_SERIES`]. Each series is written
+/// in six families, so these labels cost `/metrics` at most six times this (3 MiB), on top
+/// of the series' own names (about 7 MB at the series cap): the page stays under 16 MB
+/// whatever values clients send.
+pub const MAX_REQUEST_LABELLED_BYTES: usize = 512 * 1024;
+
 /// The labels of one series: the domain and the key path (`key1`, `key2`, …).
 pub type SeriesLabels = (String, Vec<String>);
 
@@ -25,6 +32,8 @@ pub struct RuleRegistry {
 struct Registered {
     by_labels: BTreeMap<SeriesLabels, Arc<RuleStats>>,
     request_labelled: usize,
+    /// The label bytes of the series labelled with request values.
+    request_labelled_bytes: usize,
 }
 
 impl RuleRegistry {
@@ -35,16 +44,21 @@ impl RuleRegistry {
     }
 
     /// A series whose labels come from a request: `None` when it is new and
-    /// [`MAX_REQUEST_LABELLED_SERIES`] already exist.
+    /// [`MAX_REQUEST_LABELLED_SERIES`] already exist, or its labels would take those series
+    /// past [`MAX_REQUEST_LABELLED_BYTES`].
     pub fn request_labelled(&self, labels: SeriesLabels) -> Option<Arc<RuleStats>> {
         let mut registered = self.lock();
         if let Some(stats) = registered.by_labels.get(&labels) {
             return Some(stats.clone());
         }
-        if registered.request_labelled >= MAX_REQUEST_LABELLED_SERIES {
+        let bytes = labels.0.len() + labels.1.iter().map(String::len).sum::<usize>();
+        if registered.request_labelled >= MAX_REQUEST_LABELLED_SERIES
+            || registered.request_labelled_bytes + bytes > MAX_REQUEST_LABELLED_BYTES
+        {
             return None;
         }
         registered.request_labelled += 1;
+        registered.request_labelled_bytes += bytes;
         let stats = Arc::new(RuleStats::default());
         registered.by_labels.insert(labels, stats.clone());
         Some(stats)
@@ -67,6 +81,28 @@ impl RuleRegistry {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn request_labelled_series_stop_at_the_byte_cap() {
+        let registry = RuleRegistry::default();
+        let value = "v".repeat(1023);
+        let labels = |i: usize| ("d".to_owned(), vec![format!("{i:08}{value}")]);
+        // Each series holds 1 + 1,031 bytes of labels.
+        let fit = MAX_REQUEST_LABELLED_BYTES / 1032;
+        for i in 0..fit {
+            assert!(registry.request_labelled(labels(i)).is_some(), "{i}");
+        }
+        assert!(registry.request_labelled(labels(fit)).is_none());
+        assert!(
+            registry.request_labelled(labels(0)).is_some(),
+            "a known one stays"
+        );
+        let small = ("d".to_owned(), vec!["k_v".to_owned()]);
+        assert!(
+            registry.request_labelled(small).is_some(),
+            "a small one still fits"
+        );
+    }
 
     #[test]
     fn request_labelled_series_stop_at_the_cap_but_known_ones_stay() {
