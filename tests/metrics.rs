@@ -838,3 +838,49 @@ fn shutdown_is_not_held_by_a_statsd_lookup_that_never_ends() {
         "SIGTERM took {took:?} with a 2 s grace\n{stderr}"
     );
 }
+
+/// At every cap a client can fill, with the longest values the default request limits take
+/// (1 KiB), `/metrics` stays under the README's 16 MB: 10,000 `detailed_metric` series would
+/// hold 10 MB of labels, and the labels' byte cap stops them at 512 KiB; 1,000 unknown
+/// domains are named, each no longer than the rules' own.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_page_stays_under_16_mb_at_every_cap() {
+    const RULE: &str = "
+domain: capped
+descriptors:
+  - key: user
+    detailed_metric: true
+    rate_limit: {unit: day, requests_per_unit: 1000000}
+";
+    let server = Floodgate::start(&[("capped.yaml", RULE)], &[]);
+    let padding = "v".repeat(1024 - 6);
+    let mut clients = Vec::new();
+    for client in 0..4 {
+        let mut grpc = server.client().await;
+        let padding = padding.clone();
+        clients.push(tokio::spawn(async move {
+            for i in (client..10_100).step_by(4) {
+                let value = format!("{i:06}{padding}");
+                let ask = request("capped", vec![descriptor(&[("user", &value)])]);
+                grpc.should_rate_limit(ask).await.expect("a decision");
+                // Unknown domains as long as "capped", each new.
+                if i < 1_100 {
+                    let domain = format!("d{i:05}");
+                    let ask = request(&domain, vec![descriptor(&[("user", "u")])]);
+                    grpc.should_rate_limit(ask).await.expect("a decision");
+                }
+            }
+        }));
+    }
+    for client in clients {
+        client.await.expect("a client task");
+    }
+    let asked = std::time::Instant::now();
+    let (status, page) = server.http("GET", "/metrics", "");
+    let took = asked.elapsed();
+    assert_eq!(status, 200);
+    eprintln!("/metrics at the caps: {} bytes in {took:?}", page.len());
+    assert!(page.len() < 16_000_000, "{} bytes", page.len());
+    let named = page.matches("user_").count();
+    assert!(named > 100, "request-labelled series exist: {named}");
+}
