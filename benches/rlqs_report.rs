@@ -12,6 +12,8 @@ mod harness;
 #[path = "../tests/redis_harness/mod.rs"]
 mod redis_harness;
 
+mod support;
+
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
@@ -22,6 +24,7 @@ use floodgate::proto::envoy::service::rate_limit_quota::v3::{
 };
 use harness::Floodgate;
 use redis_harness::RedisServer;
+use support::setting;
 
 const RULES: &str = "
 domain: bench
@@ -29,14 +32,6 @@ descriptors:
   - key: user
     rate_limit: {unit: hour, requests_per_unit: 1000000}
 ";
-
-fn setting(name: &str, default: usize) -> usize {
-    std::env::var(name).map_or(default, |value| {
-        value
-            .parse()
-            .unwrap_or_else(|_| panic!("{name}={value}: a number"))
-    })
-}
 
 /// A report of `buckets` users, each of which let one request through in `elapsed` s.
 fn report(buckets: usize, elapsed: i64) -> RateLimitQuotaUsageReports {

@@ -8,6 +8,8 @@
 //! `ROUNDS` (default 5) rounds of each kind, a new stream's first report (every bucket is
 //! matched) and its second (the stream remembers each bucket's match).
 
+mod support;
+
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -21,6 +23,7 @@ use floodgate::proto::envoy::service::rate_limit_quota::v3::{
 use floodgate::quota::QuotaService;
 use floodgate::rules::RuleSet;
 use floodgate::service::{RateLimiter, ServiceOptions};
+use support::setting;
 
 /// Six levels, each a key-only default: any value of k1, then k2, … then k6 is one rule.
 const RULES: &str = "
@@ -39,14 +42,6 @@ descriptors:
                       - key: k6
                         rate_limit: {unit: hour, requests_per_unit: 1000000}
 ";
-
-fn setting(name: &str, default: usize) -> usize {
-    std::env::var(name).map_or(default, |value| {
-        value
-            .parse()
-            .unwrap_or_else(|_| panic!("{name}={value}: a number"))
-    })
-}
 
 /// A report of `buckets` buckets whose entries have the keys `keys`, values of their own.
 fn report(buckets: usize, keys: [&str; 6]) -> RateLimitQuotaUsageReports {

@@ -228,6 +228,12 @@ impl RuleSet {
         self.domains.get(name)
     }
 
+    /// The length in bytes of the longest domain a rule names (0 with none): how long a
+    /// label of an unknown domain may be (`metrics::OTHER_DOMAINS`).
+    pub fn longest_domain(&self) -> usize {
+        self.domains.keys().map(String::len).max().unwrap_or(0)
+    }
+
     /// Every rule with its depth, in stable order: domains by name, descriptors in
     /// declaration order, depth first.
     pub fn rules(&self) -> impl Iterator<Item = &Arc<Rule>> {

@@ -233,9 +233,7 @@ impl RateLimiter {
         let resolutions = match rules.domain(&request.domain) {
             Some(domain) => resolve_all(domain, &request.descriptors)?,
             None => {
-                let longest = rules.domains.keys().map(String::len).max().unwrap_or(0);
-                self.metrics
-                    .record_domain_not_found(&request.domain, longest);
+                (self.metrics).record_domain_not_found(&request.domain, rules.longest_domain());
                 (request.descriptors.iter())
                     .map(|_| Resolution::Pass)
                     .collect()
