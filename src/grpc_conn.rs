@@ -27,11 +27,12 @@ use hyper_util::service::TowerToHyperService;
 use tokio::sync::watch;
 use tokio::time::{Instant, sleep_until};
 
+use crate::grpc_body::{CONNECTION_WINDOW, MAX_HEADER_LIST_BYTES, STREAM_WINDOW};
 use crate::listener::{Connection, Connections, next_until};
 
-/// The gRPC connection's receive window: 16 MiB of request bodies a connection may hold
-/// unread before h2 calls it abusive (at ~450 bytes a request, some 37,000).
-const OVERLOAD_CONNECTION_WINDOW: u32 = 16 << 20;
+/// The largest HTTP/2 frame a client may send (the protocol's smallest maximum): what one
+/// read of a body brings at most.
+const MAX_FRAME_BYTES: u32 = 16 << 10;
 
 /// Client-cancelled streams a connection may have pending before h2 calls it abusive (the
 /// rapid-reset guard; hyper's default is 20).
@@ -87,12 +88,15 @@ pub async fn serve<S: CallService>(
 ) {
     let mut builder = http2::Builder::new(TokioExecutor::new());
     // Under overload, answers fall behind and clients cancel the requests they stopped
-    // waiting for; h2 answers 20 such resets, or a connection window's worth of unread
-    // request bodies (1 MiB: some 2,300 small requests), with GOAWAY, which fails every
-    // request on the connection, Envoy's included. Allow a load's worth of both.
+    // waiting for; h2 answers 20 such resets with GOAWAY, which fails every request on the
+    // connection, Envoy's included. Allow a load's worth. The windows bound what a client
+    // may send before its bytes are read (`grpc_body.rs`).
     builder
         .timer(TokioTimer::new())
-        .initial_connection_window_size(OVERLOAD_CONNECTION_WINDOW)
+        .initial_connection_window_size(CONNECTION_WINDOW)
+        .initial_stream_window_size(STREAM_WINDOW)
+        .max_frame_size(MAX_FRAME_BYTES)
+        .max_header_list_size(MAX_HEADER_LIST_BYTES as u32)
         .max_pending_accept_reset_streams(OVERLOAD_PENDING_RESETS)
         .max_concurrent_streams(limits.max_concurrent_streams)
         .keep_alive_interval(limits.keepalive)

@@ -26,6 +26,7 @@ pub mod clock;
 pub mod compat;
 pub mod counters_cli;
 pub mod files;
+pub mod grpc_body;
 pub mod grpc_conn;
 pub mod http;
 pub mod instruments;

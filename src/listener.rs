@@ -26,6 +26,7 @@ use std::collections::BTreeMap;
 use std::future::Future;
 use std::io;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::task::{Context, Poll, ready};
 use std::time::Duration;
@@ -126,6 +127,39 @@ impl Handshaking {
     }
 }
 
+/// The connections open on one port, and the most there may be
+/// (`connection_limits.max_connections`): at that many, accepting waits as at the
+/// descriptor limit (making room from the silent ones first), so that clients' connections,
+/// each with its buffers and state, hold a bounded share of the process's memory. Each port
+/// counts its own, so that clients filling the gRPC port leave the health checks' room on
+/// the HTTP port.
+#[derive(Debug)]
+struct OpenConnections {
+    open: AtomicUsize,
+    most: usize,
+}
+
+impl OpenConnections {
+    /// A place for one more connection, if the port may hold one.
+    fn admit(self: &Arc<Self>) -> Option<Admitted> {
+        (self.open)
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |open| {
+                (open < self.most).then_some(open + 1)
+            })
+            .ok()?;
+        Some(Admitted(self.clone()))
+    }
+}
+
+/// An open connection's place in its port's count, given up when dropped.
+struct Admitted(Arc<OpenConnections>);
+
+impl Drop for Admitted {
+    fn drop(&mut self) {
+        self.0.open.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
 /// A connection's place in [`Handshaking`], given up when dropped: once its handshake is
 /// done, or with the connection.
 struct Enrolled {
@@ -204,11 +238,14 @@ pub struct Guarded<IO> {
     /// Until the handshake is done: its place among the connections that may be closed to
     /// make room.
     enrolled: Option<Enrolled>,
+    /// Its place among the process's open connections.
+    _admitted: Admitted,
 }
 
 impl<IO> Guarded<IO> {
-    /// Guards `io`, enrolled in `handshaking` until its handshake is done.
-    pub fn new(io: IO, timeouts: Timeouts, handshaking: &Handshaking) -> Self {
+    /// Guards `io`, enrolled in `handshaking` until its handshake is done, counted among
+    /// the open connections as `admitted`.
+    fn new(io: IO, timeouts: Timeouts, handshaking: &Handshaking, admitted: Admitted) -> Self {
         Guarded {
             io,
             timeouts,
@@ -216,6 +253,7 @@ impl<IO> Guarded<IO> {
             received: 0,
             last_read: Instant::now(),
             enrolled: Some(handshaking.enrol()),
+            _admitted: admitted,
         }
     }
 
@@ -317,6 +355,10 @@ impl<IO: AsyncWrite + Unpin> AsyncWrite for Guarded<IO> {
 /// Back-off after a failed accept: from the first wait, doubling, up to the last.
 const ACCEPT_BACKOFF: (Duration, Duration) = (Duration::from_millis(5), Duration::from_secs(1));
 
+/// The longest wait between looks for room while the process holds all the connections it
+/// may: a client that leaves makes room for the next within this.
+const AT_MOST_BACKOFF: Duration = Duration::from_millis(50);
+
 /// A listener's accepted connections, guarded (TCP ones with no-delay set); accept errors
 /// make room or wait, and retry (see the module), and are logged once per series.
 pub struct Acceptor {
@@ -333,6 +375,8 @@ pub struct Acceptor {
     failing: bool,
     /// Whether the series has closed a connection to make room: also logged once.
     made_room: bool,
+    /// The port's open connections, and the most it may hold.
+    open: Arc<OpenConnections>,
 }
 
 impl Acceptor {
@@ -350,15 +394,43 @@ impl Acceptor {
             backoff: None,
             failing: false,
             made_room: false,
+            open: Arc::new(OpenConnections {
+                open: AtomicUsize::new(0),
+                most: usize::MAX,
+            }),
         }
     }
 
-    /// The next connection; waits out accept errors instead of returning them.
+    /// The acceptor, holding at most `most` connections open at once.
+    pub fn at_most(self, most: usize) -> Self {
+        let open = Arc::new(OpenConnections {
+            open: AtomicUsize::new(0),
+            most,
+        });
+        Acceptor { open, ..self }
+    }
+
+    /// The next connection; waits out accept errors, and the process holding all the
+    /// connections it may, instead of returning them.
     pub fn poll_accept(&mut self, cx: &mut Context<'_>) -> Poll<Guarded<Socket>> {
         loop {
             if let Some((_, wait)) = &mut self.backoff {
                 ready!(wait.as_mut().poll(cx));
             }
+            let Some(admitted) = self.open.admit() else {
+                if !self.failing {
+                    self.failing = true;
+                    tracing::warn!(
+                        port = self.name,
+                        "holding connection_limits.max_connections ({}) connections: new \
+                         ones wait until some close",
+                        self.open.most
+                    );
+                }
+                let made_room = self.handshaking.close_oldest();
+                self.wait_before_trying_again(made_room, AT_MOST_BACKOFF);
+                continue;
+            };
             match ready!(self.listener.poll_accept(cx)) {
                 Ok(socket) => {
                     // One that needed a retry (after making room, say) does not end the
@@ -366,7 +438,8 @@ impl Acceptor {
                     if self.backoff.take().is_none() {
                         (self.failing, self.made_room) = (false, false);
                     }
-                    return Poll::Ready(Guarded::new(socket, self.timeouts, &self.handshaking));
+                    let guarded = Guarded::new(socket, self.timeouts, &self.handshaking, admitted);
+                    return Poll::Ready(guarded);
                 }
                 // The client gave up before we accepted: nothing is wrong with the listener.
                 Err(e) if is_connection_error(&e) => {}
@@ -379,23 +452,28 @@ impl Acceptor {
                         );
                     }
                     let made_room = is_out_of_descriptors(&e) && self.handshaking.close_oldest();
-                    if made_room && !self.made_room {
-                        self.made_room = true;
-                        tracing::warn!(
-                            port = self.name,
-                            "at the descriptor limit: closing the connections that have not \
-                             sent their first bytes, oldest first, to make room"
-                        );
-                    }
-                    // Room made is progress: the next try comes as soon as the first would.
-                    let next = match &self.backoff {
-                        Some((last, _)) if !made_room => (*last * 2).min(ACCEPT_BACKOFF.1),
-                        _ => ACCEPT_BACKOFF.0,
-                    };
-                    self.backoff = Some((next, Box::pin(tokio::time::sleep(next))));
+                    self.wait_before_trying_again(made_room, ACCEPT_BACKOFF.1);
                 }
             }
         }
+    }
+
+    /// Arms the wait before the next try: the first wait again when room was made (that is
+    /// progress), else twice the last, up to `longest`.
+    fn wait_before_trying_again(&mut self, made_room: bool, longest: Duration) {
+        if made_room && !self.made_room {
+            self.made_room = true;
+            tracing::warn!(
+                port = self.name,
+                "closing the connections that have not sent their first bytes, oldest \
+                 first, to make room"
+            );
+        }
+        let next = match &self.backoff {
+            Some((last, _)) if !made_room => (*last * 2).min(longest),
+            _ => ACCEPT_BACKOFF.0,
+        };
+        self.backoff = Some((next, Box::pin(tokio::time::sleep(next))));
     }
 
     /// The next connection (see [`poll_accept`](Self::poll_accept)).

@@ -29,6 +29,7 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
 use crate::backend::redis::Password;
+use crate::grpc_body::{HeldBytes, LimitBodies, MAX_REPORT_BYTES, MessageLimits, check_budget};
 use crate::grpc_conn::{self, Http2Limits};
 pub use crate::http::Readiness;
 use crate::http::{self, HttpState};
@@ -122,6 +123,7 @@ pub async fn start(
     limits: ConnectionLimits,
     readiness: Readiness,
 ) -> anyhow::Result<RunningServer> {
+    check_budget(&limits, limiter.request_limits()).map_err(anyhow::Error::msg)?;
     let listeners = Listeners::bind(endpoints).await?;
     let (stop, stopped) = watch::channel(false);
     let (health, routes) = grpc_services(&limiter, stopped.clone()).await?;
@@ -238,11 +240,14 @@ async fn grpc_services(
     let routes = tonic::service::Routes::new(health_service)
         .add_service(reflection_v1)
         .add_service(reflection_v1alpha)
-        .add_service(RateLimitServiceServer::new(GrpcService(limiter.clone())))
-        .add_service(RateLimitQuotaServiceServer::new(QuotaService::new(
-            limiter.clone(),
-            stopped,
-        )))
+        .add_service(
+            RateLimitServiceServer::new(GrpcService(limiter.clone()))
+                .max_decoding_message_size(limiter.request_limits().largest_request_bytes()),
+        )
+        .add_service(
+            RateLimitQuotaServiceServer::new(QuotaService::new(limiter.clone(), stopped))
+                .max_decoding_message_size(MAX_REPORT_BYTES),
+        )
         .prepare();
     Ok((health, routes))
 }
@@ -282,7 +287,11 @@ impl Ports {
     ) -> impl Future<Output = anyhow::Result<()>> + Send + 'static {
         let limits = self.limits;
         let service = StampArrival(CallDeadline {
-            inner: routes,
+            inner: LimitBodies {
+                inner: routes,
+                limits: Arc::new(MessageLimits::new(state.limiter.request_limits())),
+                held: Arc::new(HeldBytes::new(limits.max_request_bytes_held)),
+            },
             request_timeout: millis(limits.request_timeout_ms),
         });
         let grpc = grpc_conn::serve(
@@ -336,7 +345,8 @@ impl Ports {
         listener: impl Into<Listener>,
         tls: Option<Arc<ServerTls>>,
     ) -> Connections {
-        let acceptor = Acceptor::new(port, listener, self.timeouts, self.handshaking.clone());
+        let acceptor = Acceptor::new(port, listener, self.timeouts, self.handshaking.clone())
+            .at_most(self.limits.max_connections);
         incoming(acceptor, tls, self.timeouts.handshake)
     }
 }

@@ -181,6 +181,42 @@ pub struct RequestLimits {
     pub max_value_bytes: usize,
 }
 
+impl RequestLimits {
+    /// The encoded size of the largest request these limits let through: every descriptor
+    /// and entry there may be, each key and value as long as it may be, the domain as long
+    /// as a value, and every number at its widest. A gRPC message larger than this cannot be
+    /// valid.
+    pub fn largest_request_bytes(&self) -> usize {
+        use crate::proto::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
+        use crate::proto::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::{
+            Entry, RateLimitOverride,
+        };
+        use crate::proto::envoy::service::ratelimit::v3::RateLimitRequest;
+        use prost::Message;
+        let entry = Entry {
+            key: "k".repeat(self.max_key_bytes),
+            value: "v".repeat(self.max_value_bytes),
+        };
+        let descriptor = RateLimitDescriptor {
+            entries: vec![entry; self.max_entries],
+            limit: Some(RateLimitOverride {
+                requests_per_unit: u32::MAX,
+                // A negative enum value is ten bytes on the wire, the most an enum takes.
+                unit: -1,
+                unit_multiplier: Some(pbjson_types::UInt32Value { value: u32::MAX }),
+            }),
+            hits_addend: Some(pbjson_types::UInt64Value { value: u64::MAX }),
+            is_negative_hits: true,
+        };
+        let request = RateLimitRequest {
+            domain: "d".repeat(self.max_value_bytes),
+            descriptors: vec![descriptor; self.max_descriptors],
+            hits_addend: u32::MAX,
+        };
+        request.encoded_len()
+    }
+}
+
 impl Default for RequestLimits {
     fn default() -> Self {
         RequestLimits {
@@ -191,6 +227,9 @@ impl Default for RequestLimits {
         }
     }
 }
+
+/// The default of `connection_limits.max_request_bytes_held`.
+pub const DEFAULT_MAX_REQUEST_BYTES_HELD: usize = 32 << 20;
 
 /// Bounds on a client connection, on both ports, so no client can hold one (a file
 /// descriptor, and the memory of its streams) without using it.
@@ -218,6 +257,13 @@ pub struct ConnectionLimits {
     /// gRPC: after `max_connection_age_ms`, how long its requests in flight get before the
     /// connection is closed; 0: until they finish (each is bounded by `request_timeout_ms`).
     pub max_connection_age_grace_ms: u64,
+    /// gRPC: the most bytes calls waiting for the rest of their request may hold together,
+    /// across connections (their headers, stream state and body so far); a call that would
+    /// pass it is refused with RESOURCE_EXHAUSTED (`grpc_body.rs`).
+    pub max_request_bytes_held: usize,
+    /// Connections each port holds at most; at that many, new ones wait in the listen queue
+    /// until some close (silent ones are closed to make room).
+    pub max_connections: usize,
 }
 
 impl Default for ConnectionLimits {
@@ -230,6 +276,8 @@ impl Default for ConnectionLimits {
             max_concurrent_streams: 1024,
             max_connection_age_ms: 0,
             max_connection_age_grace_ms: 0,
+            max_request_bytes_held: DEFAULT_MAX_REQUEST_BYTES_HELD,
+            max_connections: 1024,
         }
     }
 }
@@ -570,6 +618,7 @@ impl Settings {
                 "max_concurrent_streams",
                 limits.max_concurrent_streams.into(),
             ),
+            ("max_connections", limits.max_connections as u64),
         ]
         .into_iter()
         .find(|(_, value)| *value == 0);
@@ -653,6 +702,13 @@ mod tests {
             .iter()
             .map(|(k, v)| (k.to_string(), v.to_string()))
             .collect()
+    }
+
+    #[test]
+    fn the_largest_request_the_defaults_allow_is_a_little_over_a_mebibyte() {
+        // 64 descriptors of 16 entries (256-byte keys, 1 KiB values), each with an override
+        // and its own hits; the domain 1 KiB. What README's Bounds table says.
+        assert_eq!(RequestLimits::default().largest_request_bytes(), 1_323_913);
     }
 
     #[test]

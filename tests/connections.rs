@@ -277,3 +277,45 @@ async fn silent_connections_make_room_for_a_new_client_and_handshaken_ones_stay(
         .await
         .expect("the connection past its handshake is still open");
 }
+
+#[tokio::test]
+async fn at_max_connections_a_new_client_waits_until_one_leaves_and_silent_ones_make_room() {
+    let server = Floodgate::start_with_env(
+        &[("d.yaml", RULES)],
+        &[],
+        &[
+            ("FLOODGATE_CONNECTION_LIMITS__MAX_CONNECTIONS", "8"),
+            ("FLOODGATE_CONNECTION_LIMITS__HANDSHAKE_TIMEOUT_MS", "60000"),
+        ],
+    );
+    // Seven connections past their handshake, and one that never speaks.
+    let mut held = Vec::new();
+    for _ in 0..7 {
+        held.push(Handshaken::open(server.grpc_addr).await.expect("room"));
+    }
+    let silent = connect(server.grpc_addr);
+    // The silent one is closed to make room for the next client (once 100 ms old).
+    held.push(
+        Handshaken::open(server.grpc_addr)
+            .await
+            .expect("room made from the silent connection"),
+    );
+    // (It got the server's SETTINGS, then was closed.)
+    read_until_closed(&mut { silent });
+    // Eight past their handshake: the next waits until one leaves. The HTTP port counts
+    // its own, so health checks are still answered.
+    assert!(Handshaken::open(server.grpc_addr).await.is_none());
+    let log = server.wait_for_log("holding connection_limits.max_connections (8)");
+    assert!(log.contains("to make room"), "{log}");
+    assert_eq!(server.http("GET", "/healthz", "").0, 200);
+    held.pop().expect("one").close().await;
+    let answered = Handshaken::open(server.grpc_addr).await;
+    assert!(answered.is_some(), "a client is served once one left");
+    for connection in &mut held {
+        connection
+            .pings
+            .ping(h2::Ping::opaque())
+            .await
+            .expect("the connections past their handshake stay open");
+    }
+}

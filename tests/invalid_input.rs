@@ -185,3 +185,87 @@ async fn a_message_that_does_not_decode_is_invalid_argument_and_counted() {
         "{page}"
     );
 }
+
+/// The largest request the default `request_limits` allow: every descriptor and entry there
+/// may be, each key, value and the domain as long as they may be, every number at its widest.
+fn largest_request() -> floodgate::proto::envoy::service::ratelimit::v3::RateLimitRequest {
+    use floodgate::proto::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::RateLimitOverride;
+    let entries: Vec<(String, String)> = (0..16)
+        .map(|i| (format!("{i:0>256}"), "v".repeat(1024)))
+        .collect();
+    let entries: Vec<(&str, &str)> = (entries.iter())
+        .map(|(key, value)| (key.as_str(), value.as_str()))
+        .collect();
+    let mut one = descriptor(&entries);
+    one.limit = Some(RateLimitOverride {
+        requests_per_unit: u32::MAX,
+        unit: 4,
+        // 100 years of days, the longest window allowed.
+        unit_multiplier: Some(pbjson_types::UInt32Value { value: 36_500 }),
+    });
+    one.hits_addend = Some(pbjson_types::UInt64Value { value: u64::MAX });
+    one.is_negative_hits = true;
+    let mut largest = request(&"a".repeat(1024), vec![one; 64]);
+    largest.hits_addend = u32::MAX;
+    largest
+}
+
+#[tokio::test]
+async fn a_message_past_the_largest_valid_request_is_resource_exhausted_naming_the_limit() {
+    use prost::Message;
+    let server = Floodgate::start(&[("r.yaml", RULES)], &[]);
+    let largest = largest_request();
+    let limit = floodgate::settings::RequestLimits::default().largest_request_bytes();
+    // The unit and multiplier the wire allows at their widest (a negative enum, 2^32 - 1)
+    // are not valid: the largest valid request is a little smaller than the limit.
+    let size = largest.encoded_len();
+    assert!(size <= limit && limit - size < 64 * 16, "{size} of {limit}");
+    // Decided, not refused for its size (its negative hits are more than the counter
+    // has, so it answers with a rule's answer, whatever that is).
+    let mut client = server.client().await;
+    client
+        .should_rate_limit(largest.clone())
+        .await
+        .expect("the largest valid request is decided");
+
+    // One byte more, announced: refused at the header, naming the limit.
+    let mut call = harness::raw_call(server.grpc_addr, &[]).await;
+    let mut header = vec![0u8];
+    header.extend_from_slice(&u32::try_from(limit + 1).unwrap().to_be_bytes());
+    (call.body).send_data(header.into(), false).expect("data");
+    let (status, message) = harness::grpc_status_and_message(&mut call.response)
+        .await
+        .expect("an answer");
+    assert_eq!(status, (tonic::Code::ResourceExhausted as i32).to_string());
+    assert!(
+        message.contains(&format!("{} bytes", limit + 1)) && message.contains(&limit.to_string()),
+        "{message}"
+    );
+    assert!(message.contains("request_limits"), "{message}");
+}
+
+#[tokio::test]
+async fn a_domain_longer_than_a_value_is_invalid_argument() {
+    let server = Floodgate::start(&[("r.yaml", RULES)], &[]);
+    let long = "d".repeat(1025);
+    let message = rejected(&server, request(&long, vec![descriptor(&[("user", "a")])])).await;
+    assert!(
+        message.contains("domain is 1025 bytes") && message.contains("max_value_bytes"),
+        "{message}"
+    );
+}
+
+#[tokio::test]
+async fn a_unary_call_with_a_second_message_is_invalid_argument() {
+    let server = Floodgate::start(&[("r.yaml", RULES)], &[]);
+    let mut call = harness::raw_call(server.grpc_addr, &[]).await;
+    let one = harness::grpc_frame(&request("api", vec![descriptor(&[("user", "a")])]));
+    let mut two = one.to_vec();
+    two.extend_from_slice(&one);
+    (call.body).send_data(two.into(), true).expect("data");
+    let (status, message) = harness::grpc_status_and_message(&mut call.response)
+        .await
+        .expect("an answer");
+    assert_eq!(status, (tonic::Code::InvalidArgument as i32).to_string());
+    assert!(message.contains("one message"), "{message}");
+}

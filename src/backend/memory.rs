@@ -44,7 +44,7 @@ pub struct MemoryBackend {
 }
 
 /// The default bound on counters held in memory (`memory_max_counters`).
-pub const DEFAULT_MAX_COUNTERS: usize = 1_000_000;
+pub const DEFAULT_MAX_COUNTERS: usize = 400_000;
 
 impl MemoryBackend {
     /// A backend holding at most about `max_counters` counters (rounded up to a multiple of

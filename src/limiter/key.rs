@@ -3,13 +3,26 @@
 //! envoyproxy/ratelimit joins keys and values with `_`, so `("a_b", "c")` and `("a", "b_c")`
 //! share a counter. Here every component is percent-escaped before it is joined, and every
 //! separator is escaped inside components, so two different identities can never produce the
-//! same bytes. The descriptor part is wrapped in `{…}`: Redis Cluster hashes only that part,
+//! same bytes (a long descriptor part is replaced by its SHA-256, [`MAX_ENTRIES_TEXT`]). The
+//! descriptor part is wrapped in `{…}`: Redis Cluster hashes only that part,
 //! so all keys of one counter land in one slot, and since `{` and `}` are escaped inside it a
 //! value can neither close the tag early nor open a second one.
 
 use std::fmt::Write;
 
 use super::Limit;
+
+/// The longest descriptor part a key spells out. A longer one (a client's long values: up
+/// to 16 entries of 1 KiB each, escaped) is replaced by `#` and the first `DIGEST_BYTES`
+/// of its SHA-256 in hex, so that a counter's key, in memory and in Redis, is at most this
+/// plus what the rules name: a million counters fit the Helm chart's memory limit whatever
+/// clients send. The two forms never meet: a spelled-out part holds `=` (or is empty), a
+/// digest never does.
+pub const MAX_ENTRIES_TEXT: usize = 48;
+
+/// How much of the digest a key keeps: 128 bits, so that two descriptors share a counter
+/// only by a collision no client can search for (2^64 tries for any pair at all).
+const DIGEST_BYTES: usize = 16;
 
 /// One counter's identity: (domain, rule, limit index, descriptor entries) inside the hash
 /// tag, then the algorithm and the window shape. The limit's `requests_per_unit` is not part
@@ -33,6 +46,7 @@ impl CounterKey {
         key.push(':');
         escape_into(&mut key, rule_id);
         let _ = write!(key, ":{limit_index}:");
+        let start = key.len();
         for (i, (name, value)) in entries.into_iter().enumerate() {
             if i > 0 {
                 key.push(';');
@@ -40,6 +54,14 @@ impl CounterKey {
             escape_into(&mut key, name);
             key.push('=');
             escape_into(&mut key, value);
+        }
+        if key.len() - start > MAX_ENTRIES_TEXT {
+            let digest = ring::digest::digest(&ring::digest::SHA256, &key.as_bytes()[start..]);
+            key.truncate(start);
+            key.push('#');
+            for byte in &digest.as_ref()[..DIGEST_BYTES] {
+                let _ = write!(key, "{byte:02x}");
+            }
         }
         let _ = write!(
             key,
@@ -146,5 +168,23 @@ mod tests {
         assert_ne!(make(&base), make(&other_algorithm));
         assert_ne!(make(&base), make(&other_window));
         assert_eq!(make(&base).hash_tag(), make(&other_window).hash_tag());
+    }
+
+    #[test]
+    fn a_long_descriptor_part_becomes_its_digest_and_stays_apart() {
+        let long = "v".repeat(1024);
+        let other = format!("{}w", "v".repeat(1023));
+        let hashed = key("d", "r", &[("user", &long)]);
+        assert!(hashed.as_str().len() < 4 + 1 + 32 + 32, "{hashed}");
+        assert!(!hashed.hash_tag().contains('='), "{hashed}");
+        assert_ne!(hashed, key("d", "r", &[("user", &other)]));
+        assert_ne!(hashed, key("d", "r", &[("user", &long), ("x", "")]));
+        // The longest part spelled out stays as it is.
+        let spelled = "v".repeat(MAX_ENTRIES_TEXT - "user=".len());
+        assert!(
+            key("d", "r", &[("user", &spelled)])
+                .hash_tag()
+                .ends_with(&spelled)
+        );
     }
 }

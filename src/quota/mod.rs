@@ -24,6 +24,7 @@ mod refusal;
 
 use std::collections::{HashMap, HashSet};
 use std::pin::Pin;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
@@ -67,6 +68,59 @@ type BucketKey = Vec<(String, String)>;
 /// match; past this many, the others are matched again at each report.
 const UNMATCHED_KEPT: usize = 10_000;
 
+/// The most every stream's memory of its buckets (matched, with their state; and unmatched)
+/// may take together, estimated by `remembered_bytes`. Past it a new bucket is answered as
+/// always but not remembered: its next report is answered as its first (no assignment
+/// pushed at its window's reset, its demand measured again), and a bucket no rule matches
+/// is matched again.
+pub const MAX_REMEMBERED_BYTES: usize = 16 << 20;
+
+/// What remembering a bucket keyed `key` takes, about: its entries held three times (the
+/// key, the rule's descriptor, the data plane's id), a string's header each, and the
+/// bucket's own state and place in the stream's map.
+fn remembered_bytes(key: &BucketKey) -> usize {
+    const STRING: usize = std::mem::size_of::<String>();
+    const STATE: usize = 512;
+    let entries: usize = (key.iter())
+        .map(|(name, value)| name.len() + value.len() + 2 * STRING)
+        .sum();
+    3 * entries + STATE
+}
+
+/// The bytes every stream's remembered buckets take, and the most they may.
+#[derive(Debug)]
+pub struct Remembered {
+    held: AtomicUsize,
+    most: usize,
+}
+
+impl Remembered {
+    fn new(most: usize) -> Self {
+        Remembered {
+            held: AtomicUsize::new(0),
+            most,
+        }
+    }
+
+    /// Takes `bytes` if they fit; whether they did.
+    fn take(&self, bytes: usize) -> bool {
+        (self.held)
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |held| {
+                held.checked_add(bytes).filter(|&after| after <= self.most)
+            })
+            .is_ok()
+    }
+
+    fn give_back(&self, bytes: usize) {
+        self.held.fetch_sub(bytes, Ordering::AcqRel);
+    }
+
+    /// Bytes remembered now, across streams.
+    pub fn held(&self) -> usize {
+        self.held.load(Ordering::Relaxed)
+    }
+}
+
 /// An in-process RLQS stream: reports go in, what the stream sends comes out.
 pub type Connection = (
     mpsc::Sender<RateLimitQuotaUsageReports>,
@@ -79,6 +133,7 @@ pub struct QuotaService {
     limiter: Arc<RateLimiter>,
     stopped: watch::Receiver<bool>,
     clock: Arc<dyn Clock>,
+    remembered: Arc<Remembered>,
 }
 
 impl QuotaService {
@@ -88,7 +143,21 @@ impl QuotaService {
             limiter,
             stopped,
             clock: Arc::new(SystemClock),
+            remembered: Arc::new(Remembered::new(MAX_REMEMBERED_BYTES)),
         }
+    }
+
+    /// The service, its streams' memory of buckets held to `most` bytes together.
+    pub fn remembering_at_most(self, most: usize) -> Self {
+        QuotaService {
+            remembered: Arc::new(Remembered::new(most)),
+            ..self
+        }
+    }
+
+    /// What its streams remember of their buckets now, in bytes (estimated).
+    pub fn remembered(&self) -> usize {
+        self.remembered.held()
     }
 
     /// The service, reading the time from `clock` (the backend's, in tests that drive
@@ -143,6 +212,9 @@ impl QuotaService {
             unmatched: HashSet::new(),
             unmatched_logged: false,
             matched_under: Weak::new(),
+            remembered: self.remembered.clone(),
+            holds: 0,
+            forgetting_logged: false,
         }
     }
 }
@@ -183,6 +255,18 @@ struct QuotaStream {
     unmatched_logged: bool,
     /// The rules the descriptors in `buckets` were found under.
     matched_under: Weak<RuleSet>,
+    /// What every stream's buckets take, and the most they may.
+    remembered: Arc<Remembered>,
+    /// What this stream's take (its buckets and unmatched keys), given back when it ends.
+    holds: usize,
+    /// Whether a bucket not remembered for want of room was logged: once a stream.
+    forgetting_logged: bool,
+}
+
+impl Drop for QuotaStream {
+    fn drop(&mut self) {
+        self.remembered.give_back(self.holds);
+    }
 }
 
 /// What a report's bucket is charged, besides its usage: the interval it covers, and the
@@ -255,6 +339,11 @@ impl QuotaStream {
             };
             let reply = match event {
                 Event::Report(Some(Ok(report))) => self.traced_answer(report).await,
+                // Cut to make room for others (`grpc_body.rs`): the data plane is told so,
+                // and may open a stream again at once.
+                Event::Report(Some(Err(status))) if crate::grpc_body::is_cut(&status) => {
+                    break Some(status);
+                }
                 Event::Report(Some(Err(status))) => match undecodable(&status) {
                     Some(why) => Reply::forbidden(Status::invalid_argument(why)),
                     // The data plane ended the stream, or its connection broke.
@@ -283,6 +372,8 @@ impl QuotaStream {
         // Counted closed before the data plane hears of it, so that what it reads next on
         // the metrics page agrees.
         (self.limiter.metrics().quota()).stream_closed(self.buckets.len());
+        // Free before the stream is seen to end (`Drop` would be too, a moment later).
+        self.remembered.give_back(std::mem::take(&mut self.holds));
         if let Some(status) = ending {
             let _ = answers.send(Err(status)).await;
         }
@@ -471,7 +562,9 @@ impl QuotaStream {
         if !Weak::ptr_eq(&self.matched_under, &Arc::downgrade(rules)) {
             self.matched_under = Arc::downgrade(rules);
             (self.buckets.values_mut()).for_each(|bucket| bucket.descriptor = None);
-            self.unmatched.clear();
+            for key in std::mem::take(&mut self.unmatched) {
+                self.forget(&key);
+            }
         }
     }
 
@@ -489,7 +582,7 @@ impl QuotaStream {
             None if self.buckets.contains_key(&key) => Verdict::Abandon(key),
             None => {
                 self.log_unmatched(rules, domain, &key);
-                if self.unmatched.len() < UNMATCHED_KEPT {
+                if self.unmatched.len() < UNMATCHED_KEPT && self.remember(&key) {
                     self.unmatched.insert(key);
                 }
                 Verdict::Unmatched
@@ -594,10 +687,39 @@ impl QuotaStream {
             push_at: None,
         };
         bucket.follow(&quota, now, now + micros(REPORT_INTERVAL));
-        if self.buckets.insert(key, bucket).is_none() {
+        if let Some(kept) = self.buckets.get_mut(&key) {
+            *kept = bucket;
+        } else if self.remember(&key) {
+            self.buckets.insert(key, bucket);
             self.limiter.metrics().quota().buckets_changed(1);
         }
         Some(self.sent(assignment?))
+    }
+
+    /// Takes room for remembering the bucket `key`; whether there was (when not, logged once
+    /// a stream).
+    fn remember(&mut self, key: &BucketKey) -> bool {
+        let bytes = remembered_bytes(key);
+        if self.remembered.take(bytes) {
+            self.holds += bytes;
+            return true;
+        }
+        if !std::mem::replace(&mut self.forgetting_logged, true) {
+            tracing::warn!(
+                most = self.remembered.most,
+                "RLQS streams remember {} bytes of buckets, all they may: a new bucket is \
+                 answered but not remembered (its next report is answered as its first)",
+                self.remembered.held()
+            );
+        }
+        false
+    }
+
+    /// Gives back the room the bucket `key` took.
+    fn forget(&mut self, key: &BucketKey) {
+        let bytes = remembered_bytes(key);
+        self.holds -= bytes;
+        self.remembered.give_back(bytes);
     }
 
     /// `assignment` as an action, counted.
@@ -613,7 +735,9 @@ impl QuotaStream {
     /// Forgets the bucket `key`, whose rule is gone: the data plane forgets it too, and
     /// starts it anew (unassigned) with its next request into it.
     fn abandoned(&mut self, key: &BucketKey) -> Action {
-        self.buckets.remove(key);
+        if self.buckets.remove(key).is_some() {
+            self.forget(key);
+        }
         let stats = self.limiter.metrics().quota();
         stats.buckets_changed(-1);
         stats.abandoned();
@@ -680,5 +804,67 @@ fn assignment_action(assignment: Assignment) -> QuotaAssignmentAction {
         rate_limit_strategy: Some(RateLimitStrategy {
             strategy: Some(strategy),
         }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::backend::{Backend, MemoryBackend};
+    use crate::proto::envoy::service::rate_limit_quota::v3::rate_limit_quota_usage_reports::BucketQuotaUsage;
+    use crate::service::ServiceOptions;
+
+    const RULES: &str = "domain: q\ndescriptors:\n  - key: user\n    rate_limit: {unit: hour, requests_per_unit: 10}\n";
+
+    fn report(users: std::ops::Range<usize>) -> RateLimitQuotaUsageReports {
+        let usage = |user: usize| BucketQuotaUsage {
+            bucket_id: Some(BucketId {
+                bucket: [("user".to_owned(), format!("u{user:03}"))].into(),
+            }),
+            time_elapsed: Some(pbjson_types::Duration {
+                seconds: 1,
+                nanos: 0,
+            }),
+            num_requests_allowed: 1,
+            num_requests_denied: 0,
+        };
+        RateLimitQuotaUsageReports {
+            domain: "q".into(),
+            bucket_quota_usages: users.map(usage).collect(),
+        }
+    }
+
+    #[tokio::test]
+    async fn buckets_past_the_room_for_them_are_answered_but_not_remembered() {
+        let rules = RuleSet::from_sources(&[("q.yaml".into(), RULES.into())]).expect("rules");
+        let memory = Arc::new(MemoryBackend::new(Arc::new(SystemClock), 10_000));
+        let limiter = RateLimiter::new(
+            rules,
+            Backend::memory(memory.clone()),
+            memory,
+            ServiceOptions::default(),
+        );
+        let (_running, stopped) = watch::channel(false);
+        let one = remembered_bytes(&vec![("user".to_owned(), "u000".to_owned())]);
+        let service = QuotaService::new(Arc::new(limiter), stopped).remembering_at_most(10 * one);
+        let (reports, mut answers) = service.connect();
+        for round in 0..2 {
+            reports.send(report(0..100)).await.expect("open");
+            let answer = answers
+                .recv()
+                .await
+                .expect("an answer")
+                .expect("no refusal");
+            assert_eq!(answer.bucket_action.len(), 100, "round {round}");
+            // Each answered with its assignment, as its first report would be.
+            assert!(answer.bucket_action.iter().all(|action| matches!(
+                action.bucket_action,
+                Some(Action::QuotaAssignmentAction(_))
+            )));
+            assert_eq!(service.remembered(), 10 * one);
+        }
+        drop(reports);
+        assert!(answers.recv().await.is_none(), "the stream ends");
+        assert_eq!(service.remembered(), 0, "what it remembered is free again");
     }
 }

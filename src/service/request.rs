@@ -13,12 +13,19 @@ use crate::settings::RequestLimits;
 #[error("{0}")]
 pub struct InvalidRequest(pub String);
 
-/// Rejects empty domains, empty or oversized descriptor lists, empty keys, oversized keys and
+/// Rejects empty domains, domains longer than a value may be, empty or oversized descriptor lists, empty keys, oversized keys and
 /// values, and malformed limit overrides.
 pub fn check(request: &RateLimitRequest, limits: &RequestLimits) -> Result<(), InvalidRequest> {
     let fail = |message: String| Err(InvalidRequest(message));
     if request.domain.is_empty() {
         return fail("domain must not be empty".into());
+    }
+    if request.domain.len() > limits.max_value_bytes {
+        return fail(format!(
+            "domain is {} bytes; at most {} are allowed (request_limits.max_value_bytes)",
+            request.domain.len(),
+            limits.max_value_bytes
+        ));
     }
     if request.descriptors.is_empty() {
         return fail("request has no descriptors".into());

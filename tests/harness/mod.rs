@@ -3,7 +3,10 @@
 
 #![allow(dead_code)]
 
+pub mod cgroup;
 pub mod cpu;
+pub mod hostile;
+pub mod memory;
 pub mod statsd;
 
 use std::io::{BufRead, BufReader, Read, Write};
