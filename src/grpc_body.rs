@@ -121,16 +121,19 @@ impl MessageLimits {
                 largest: self.should_rate_limit,
                 unary: true,
                 why: "ShouldRateLimit's largest valid request (request_limits)",
+                framed: true,
             },
             Some("StreamRateLimitQuotas") => Method {
                 largest: MAX_REPORT_BYTES,
                 unary: false,
                 why: "an RLQS report's limit",
+                framed: true,
             },
             _ => Method {
                 largest: MAX_OTHER_MESSAGE_BYTES,
                 unary: false,
                 why: "the limit for this method",
+                framed: true,
             },
         }
     }
@@ -141,6 +144,8 @@ struct Method {
     largest: usize,
     unary: bool,
     why: &'static str,
+    /// Whether the body is gRPC messages (else bytes, whose size the handler bounds).
+    framed: bool,
 }
 
 /// The calls waiting for the rest of their request, across every connection: what each
@@ -251,22 +256,38 @@ where
 
     fn call(&mut self, request: http::Request<B>) -> Self::Future {
         let method = self.limits.method(request.uri().path());
-        // As HTTP/2 counts a header list's size: each field's name and value, and 32 bytes.
-        let headers: usize = (request.headers().iter())
-            .map(|(name, value)| name.as_str().len() + value.len() + 32)
-            .sum();
-        let request = request.map(|body| LimitedBody {
-            inner: body,
-            method,
-            reader: Reader::default(),
-            fixed: HEADER_COPIES * headers + STREAM_COST,
-            held: self.held.clone(),
-            waiting: None,
-            cut: Arc::default(),
-            charged: 0,
-        });
+        let fixed = fixed_cost(request.headers());
+        let held = self.held.clone();
+        let request = request.map(|body| LimitedBody::new(body, method, fixed, held));
         self.inner.call(request)
     }
+}
+
+/// What a waiting request is charged beyond its body: its headers, as HTTP/2 counts a
+/// header list's size (each field's name and value, and 32 bytes), [`HEADER_COPIES`] times,
+/// and its stream's state.
+fn fixed_cost(headers: &http::HeaderMap) -> usize {
+    let headers: usize = (headers.iter())
+        .map(|(name, value)| name.as_str().len() + value.len() + 32)
+        .sum();
+    HEADER_COPIES * headers + STREAM_COST
+}
+
+/// An HTTP request's body (`POST /json`, the admin API) read under the same budget as gRPC
+/// calls': while it waits for more, it is charged its headers, state and every byte so far
+/// (its handler's size limit bounds the body itself).
+pub fn plain_body<B>(
+    request: http::Request<B>,
+    held: &Arc<HeldBytes>,
+) -> http::Request<LimitedBody<B>> {
+    let fixed = fixed_cost(request.headers());
+    let method = Method {
+        largest: usize::MAX,
+        unary: true,
+        why: "",
+        framed: false,
+    };
+    request.map(|body| LimitedBody::new(body, method, fixed, held.clone()))
 }
 
 /// Where a body's reading is in its gRPC framing.
@@ -306,6 +327,9 @@ impl Reader {
     /// second.
     fn read(&mut self, mut data: &[u8], method: &Method) -> Result<(), tonic::Status> {
         self.received += data.len();
+        if !method.framed {
+            return Ok(());
+        }
         while !data.is_empty() {
             match self.remaining {
                 None => {
@@ -368,6 +392,19 @@ pub struct LimitedBody<B> {
 }
 
 impl<B> LimitedBody<B> {
+    fn new(inner: B, method: Method, fixed: usize, held: Arc<HeldBytes>) -> Self {
+        LimitedBody {
+            inner,
+            method,
+            reader: Reader::default(),
+            fixed,
+            held,
+            waiting: None,
+            cut: Arc::default(),
+            charged: 0,
+        }
+    }
+
     /// What the call holds while it waits: its headers and state, and of its body what the
     /// server keeps (a unary call's all, for its message is handed on only at the end; a
     /// stream's message in progress), a message in progress counted whole: its reader
@@ -497,6 +534,7 @@ mod tests {
             largest,
             unary,
             why: "test",
+            framed: true,
         }
     }
 

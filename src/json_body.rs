@@ -47,11 +47,30 @@ impl IntoResponse for BadBody {
     /// Axum's answer for a body not read; 400 with `{"error": …}` for one not JSON.
     fn into_response(self) -> Response {
         match self {
-            BadBody::Unread(rejection) => rejection.into_response(),
+            BadBody::Unread(rejection) => match cut_to_make_room(&rejection) {
+                // Cut while it waited for the rest of its body (`grpc_body.rs`): may retry.
+                Some(why) => (StatusCode::SERVICE_UNAVAILABLE, why).into_response(),
+                None => rejection.into_response(),
+            },
             invalid @ BadBody::Invalid { .. } => {
                 let body = serde_json::json!({ "error": invalid.to_string() });
                 (StatusCode::BAD_REQUEST, Json(body)).into_response()
             }
         }
     }
+}
+
+/// The reason, when the body was not read because its request was cut to make room for
+/// others (`grpc_body.rs`).
+fn cut_to_make_room(rejection: &BytesRejection) -> Option<String> {
+    let mut source: Option<&(dyn std::error::Error + 'static)> = Some(rejection);
+    while let Some(error) = source {
+        if let Some(status) = error.downcast_ref::<tonic::Status>()
+            && crate::grpc_body::is_cut(status)
+        {
+            return Some(format!("{}\n", status.message()));
+        }
+        source = error.source();
+    }
+    None
 }

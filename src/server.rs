@@ -29,7 +29,9 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
 use crate::backend::redis::Password;
-use crate::grpc_body::{HeldBytes, LimitBodies, MAX_REPORT_BYTES, MessageLimits, check_budget};
+use crate::grpc_body::{
+    HeldBytes, LimitBodies, MAX_REPORT_BYTES, MessageLimits, check_budget, plain_body,
+};
 use crate::grpc_conn::{self, Http2Limits};
 pub use crate::http::Readiness;
 use crate::http::{self, HttpState};
@@ -252,13 +254,14 @@ async fn grpc_services(
     Ok((health, routes))
 }
 
-/// What every port's connections share: their limits, the signal to stop, and the
+/// What every port's connections share: their limits, the signal to stop, the
 /// connections still in their handshake (at the descriptor limit, any port makes room from
-/// all of them).
+/// all of them), and the budget of the requests waiting for the rest of their body.
 struct Ports {
     limits: ConnectionLimits,
     timeouts: Timeouts,
     handshaking: Handshaking,
+    held: Arc<HeldBytes>,
     stopped: watch::Receiver<bool>,
 }
 
@@ -273,6 +276,7 @@ impl Ports {
             limits,
             timeouts,
             handshaking: Handshaking::default(),
+            held: Arc::new(HeldBytes::new(limits.max_request_bytes_held)),
             stopped,
         }
     }
@@ -290,7 +294,7 @@ impl Ports {
             inner: LimitBodies {
                 inner: routes,
                 limits: Arc::new(MessageLimits::new(state.limiter.request_limits())),
-                held: Arc::new(HeldBytes::new(limits.max_request_bytes_held)),
+                held: self.held.clone(),
             },
             request_timeout: millis(limits.request_timeout_ms),
         });
@@ -305,6 +309,7 @@ impl Ports {
                 self.incoming("metrics", metrics.listener, None),
                 http::metrics_router(state.clone()),
                 limits,
+                self.held.clone(),
                 wait_for_stop(self.stopped.clone()),
             )
         });
@@ -313,6 +318,7 @@ impl Ports {
                 self.incoming("admin", admin.listener, endpoint.tls),
                 crate::admin::router(state.limiter.clone(), endpoint.token),
                 limits,
+                self.held.clone(),
                 wait_for_stop(self.stopped.clone()),
             )
         });
@@ -320,6 +326,7 @@ impl Ports {
             self.incoming("http", listeners.http.listener, None),
             http::router(state),
             limits,
+            self.held.clone(),
             wait_for_stop(self.stopped),
         );
         async move {
@@ -378,12 +385,17 @@ fn millis(ms: u64) -> Duration {
     Duration::from_millis(ms)
 }
 
+/// The most an HTTP/1 connection's read buffer grows to: a request's headers must fit in it
+/// (16 KiB, as HTTP/2's header list limit).
+const HTTP1_READ_BUFFER: usize = 16 << 10;
+
 /// Serves HTTP/1 and HTTP/2 on `incoming` until `stopped`, then closes the listener and lets
 /// open connections finish their requests.
 async fn serve_http(
     mut incoming: Connections,
     router: Router,
     limits: ConnectionLimits,
+    held: Arc<HeldBytes>,
     stopped: impl Future<Output = ()>,
 ) {
     let keepalive = millis(limits.keepalive_interval_ms);
@@ -391,7 +403,10 @@ async fn serve_http(
     builder
         .http1()
         .timer(TokioTimer::new())
-        .header_read_timeout(millis(limits.handshake_timeout_ms));
+        .header_read_timeout(millis(limits.handshake_timeout_ms))
+        // A connection's read buffer (hyper's default grows to about 400 KB): a body streams
+        // through it, so more only costs memory a connection at a time.
+        .max_buf_size(HTTP1_READ_BUFFER);
     builder
         .http2()
         .timer(TokioTimer::new())
@@ -405,11 +420,11 @@ async fn serve_http(
         let Some(io) = next_until(&mut incoming, stopped.as_mut(), "HTTP").await else {
             break;
         };
-        let router = router.clone();
+        let (router, held) = (router.clone(), held.clone());
         let service = hyper::service::service_fn(move |request: hyper::Request<Incoming>| {
             let mut router = router.clone();
+            let request = plain_body(request, &held).map(axum::body::Body::new);
             async move {
-                let request = request.map(axum::body::Body::new);
                 let answer = tokio::time::timeout(
                     request_timeout,
                     tower::Service::call(&mut router, request),

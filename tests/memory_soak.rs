@@ -349,6 +349,15 @@ async fn no_client_load_takes_the_server_past_the_charts_memory_limit() {
         },
     )
     .await;
+    under_the_chart_limit(
+        "1100 HTTP connections, a 2 MB JSON body each, 256 KiB sent",
+        |server| async move {
+            let held = hostile::unfinished_json(server.http_addr, 1100, 256 << 10).await;
+            tokio::time::sleep(HOLD).await;
+            format!("{} connections opened", held.calls())
+        },
+    )
+    .await;
     under_the_chart_limit("2500 idle connections", |server| async move {
         let idle = hostile::idle_connections(server.grpc_addr, 2500).await;
         tokio::time::sleep(HOLD).await;

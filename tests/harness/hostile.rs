@@ -83,11 +83,12 @@ pub async fn unfinished(addr: SocketAddr, load: Unfinished) -> Held {
     } = load;
     let pad = "p".repeat(header_bytes);
     let mut tasks = Vec::new();
+    let mut connector = Connector::default();
     let answers = Answers::default();
     // Connections opened: a task each, beside their calls'.
     let mut opened = 0;
     for _ in 0..connections {
-        let Some(tcp) = connect(addr).await else {
+        let Some(tcp) = connector.connect(addr).await else {
             break;
         };
         let handshake = tokio::time::timeout(Duration::from_secs(1), h2::client::handshake(tcp));
@@ -141,11 +142,28 @@ pub async fn unfinished(addr: SocketAddr, load: Unfinished) -> Held {
     }
 }
 
-/// A TCP connection to `addr`, unless the kernel takes none within a second.
-async fn connect(addr: SocketAddr) -> Option<tokio::net::TcpStream> {
-    let connect =
-        tokio::time::timeout(Duration::from_secs(1), tokio::net::TcpStream::connect(addr));
-    connect.await.ok()?.ok()
+/// Connections to `addr`, one at a time: `None` once three in a row were not taken within
+/// 1.5 s (past the server's connection limit its listen queue fills, and the kernel stops
+/// answering; a single one may also wait for a dropped SYN to be sent again, after 1 s).
+#[derive(Default)]
+struct Connector {
+    refused: usize,
+}
+
+impl Connector {
+    async fn connect(&mut self, addr: SocketAddr) -> Option<tokio::net::TcpStream> {
+        while self.refused < 3 {
+            let connect = tokio::net::TcpStream::connect(addr);
+            match tokio::time::timeout(Duration::from_millis(1500), connect).await {
+                Ok(Ok(tcp)) => {
+                    self.refused = 0;
+                    return Some(tcp);
+                }
+                _ => self.refused += 1,
+            }
+        }
+        None
+    }
 }
 
 /// Sends a gRPC message header announcing `announce` bytes, then `send` bytes of filler, each
@@ -181,10 +199,11 @@ async fn send_slowly(mut body: h2::SendStream<Bytes>, announce: u32, send: usize
 /// once all are opened, whether or not the server has taken them yet.
 pub async fn idle_connections(addr: SocketAddr, connections: usize) -> Held {
     let mut tasks = Vec::new();
+    let mut connector = Connector::default();
     for _ in 0..connections {
         // Past the server's connection limit and a full listen queue, a connection is not
         // even accepted by the kernel: the load stops there.
-        let Some(tcp) = connect(addr).await else {
+        let Some(tcp) = connector.connect(addr).await else {
             break;
         };
         tasks.push(tokio::spawn(async move {
@@ -201,3 +220,39 @@ pub async fn idle_connections(addr: SocketAddr, connections: usize) -> Held {
         calls: 0,
     }
 }
+
+/// Opens `connections` HTTP/1.1 connections to `addr`, each posting a JSON body announced at
+/// 2 MB, sending `send` bytes of it (whitespace) and never the rest.
+pub async fn unfinished_json(addr: SocketAddr, connections: usize, send: usize) -> Held {
+    use tokio::io::AsyncWriteExt;
+    let head = "POST /json HTTP/1.1\r\nhost: floodgate\r\ncontent-length: 2000000\r\n\r\n";
+    let mut tasks = Vec::new();
+    let mut connector = Connector::default();
+    for _ in 0..connections {
+        let Some(mut tcp) = connector.connect(addr).await else {
+            break;
+        };
+        tasks.push(tokio::spawn(async move {
+            let _ = tcp.write_all(head.as_bytes()).await;
+            let mut left = send;
+            while left > 0 {
+                let piece = left.min(SPACES.len());
+                if tcp.write_all(&SPACES[..piece]).await.is_err() {
+                    return;
+                }
+                left -= piece;
+            }
+            // Hold the connection (and read nothing) until the load is dropped.
+            std::future::pending::<()>().await;
+        }));
+    }
+    let calls = tasks.len();
+    Held {
+        tasks,
+        answers: Answers::default(),
+        calls,
+    }
+}
+
+/// What a JSON body is filled with: whitespace.
+static SPACES: [u8; 64 << 10] = [b' '; 64 << 10];
