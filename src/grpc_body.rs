@@ -1,24 +1,27 @@
-//! What a gRPC call's request body may make the server hold, and for how long.
+//! What a request's body may make the server hold, and for how long.
 //!
-//! A body is read as it comes, frame by frame, and HTTP/2 gives its sender room for more as
+//! A body is read as it comes, frame by frame, and HTTP gives its sender room for more as
 //! soon as a frame is read. So a client that announces a large message and sends it slowly
 //! (or never finishes it) on many streams would have the server hold all of it until the
-//! request timeout. Every gRPC call's body is therefore read through a [`LimitedBody`]:
+//! request timeout. Every gRPC call's body is therefore read through a [`LimitedBody`], and
+//! every HTTP request's (`POST /json`, the admin API) through a plain one ([`plain_body`]):
 //!
 //! - **One message is at most its method's size** ([`MessageLimits`]): `ShouldRateLimit`'s
 //!   largest valid request, derived from `request_limits`; an RLQS report 4 MiB; anything
 //!   else 64 KiB. A larger one is refused when its 5-byte gRPC header announces it, before
 //!   any of it is read, with `RESOURCE_EXHAUSTED` naming the limit. A unary call's second
-//!   message is `INVALID_ARGUMENT`.
-//! - **What waits is charged to one process-wide budget**
-//!   (`connection_limits.max_request_bytes_held`). A body that is whole when first read (every
-//!   well-behaved client's: its request and the end of its stream arrive together) is never
-//!   charged and never refused. One that must wait for more is charged, while it waits, for
-//!   its headers, a fixed [`STREAM_COST`] and what it has received (a unary call's whole
-//!   body; a stream's message in progress). When the budget cannot cover a charge, that
-//!   call is refused at once with `RESOURCE_EXHAUSTED`, and its stream is reset, which
-//!   frees what HTTP/2 buffered for it. So the server holds at most the budget in waiting
-//!   bodies across all connections, whatever the clients send; a refused client may retry.
+//!   message is `INVALID_ARGUMENT`. (An HTTP body's size is its handler's to bound.)
+//! - **What waits is charged to one process-wide budget** ([`HeldBytes`],
+//!   `connection_limits.max_request_bytes_held`). A body that is whole when first read is
+//!   never charged. One that must wait for more is charged, while it waits, for its headers
+//!   ([`HEADER_COPIES`] times), a fixed [`STREAM_COST`] and its body as the server holds it
+//!   (a message in progress counted as announced; a stream's message just completed
+//!   [`DECODED`] times until it is dealt with). When a charge does not fit, the requests
+//!   that have waited longest are cut (`RESOURCE_EXHAUSTED`; HTTP 503) until it does: a
+//!   client stalling bodies holds them for seconds, a well-behaved one waits for its last
+//!   bytes a moment (tonic's client sends the end of a unary call's stream just after its
+//!   message), so the stalled go first. A cut request's stream is reset, which frees what
+//!   HTTP/2 buffered for it.
 //! - **Unread bytes are bounded per connection** by HTTP/2's flow control
 //!   (`grpc_conn.rs`): a stream may have [`STREAM_WINDOW`] bytes sent and not yet read, a
 //!   connection [`CONNECTION_WINDOW`]. Bodies are read as soon as they come, so these
