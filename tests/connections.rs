@@ -343,3 +343,21 @@ fn http_bodies_that_never_end_share_the_budget_and_the_oldest_are_cut() {
     // A well-behaved request is answered meanwhile.
     assert_eq!(server.http("GET", "/healthz", "").0, 200);
 }
+
+#[test]
+fn a_budget_too_small_for_the_largest_call_is_refused_at_start() {
+    let rules = harness::write_rules(&[("d.yaml", RULES)]);
+    let mut args = harness::SERVE_ANYWHERE.to_vec();
+    args.extend(["--rules", rules.path().to_str().expect("a path")]);
+    let stderr = harness::refused_start(
+        &args,
+        &[(
+            "FLOODGATE_CONNECTION_LIMITS__MAX_REQUEST_BYTES_HELD",
+            "1000000",
+        )],
+    );
+    assert!(
+        stderr.contains("connection_limits.max_request_bytes_held (1000000) must be at least"),
+        "{stderr}"
+    );
+}
