@@ -502,18 +502,49 @@ fn announce(settings: &Settings, running: &RunningServer, rules: &RuleSet) {
     );
     let metrics = (running.metrics_addr).map_or(String::new(), |addr| format!(" metrics={addr}"));
     let admin = (running.admin_addr).map_or(String::new(), |addr| format!(" admin={addr}"));
+    let grpc = (running.grpc_addr).client_address(settings.grpc_tls.cert_file.is_some());
+    let suggestion = match rules.example() {
+        Some((domain, entries)) => {
+            let pairs: Vec<String> = (entries.iter())
+                .map(|(key, value)| format!("{key}={value}"))
+                .collect();
+            let body = serde_json::json!({
+                "domain": domain,
+                "descriptors": [{
+                    "entries": (entries.iter())
+                        .map(|(key, value)| serde_json::json!({"key": key, "value": value}))
+                        .collect::<Vec<_>>(),
+                }],
+            });
+            format!(
+                "try: floodgate query --addr {grpc} --domain {} --descriptor {}\n\
+                 or:  curl -s -X POST http://{}/json -d {}",
+                shell_word(domain),
+                shell_word(&pairs.join(",")),
+                running.http_addr,
+                shell_word(&body.to_string()),
+            )
+        }
+        None => "no rule is loaded yet: nothing to try".into(),
+    };
     // Written with errors ignored: a closed stdout (`floodgate serve | head -1`, a log
     // shipper gone) must not take the server down.
     let _ = writeln!(
         std::io::stdout().lock(),
-        "floodgate listening: grpc={} http={}{metrics}{admin}\n\
-         try: floodgate query --addr {} --domain floodgate_demo --descriptor user_id=alice\n\
-         or:  curl -s -X POST http://{}/json -d '{{\"domain\":\"floodgate_demo\",\"descriptors\":[{{\"entries\":[{{\"key\":\"user_id\",\"value\":\"alice\"}}]}}]}}'",
+        "floodgate listening: grpc={} http={}{metrics}{admin}\n{suggestion}",
         running.grpc_addr,
         running.http_addr,
-        (running.grpc_addr).client_address(settings.grpc_tls.cert_file.is_some()),
-        running.http_addr
     );
+}
+
+/// `text` as one shell word: as it is when it holds nothing a shell reads, else in single
+/// quotes (a quote inside written `'\''`).
+fn shell_word(text: &str) -> String {
+    let plain = |c: char| c.is_ascii_alphanumeric() || "_-./:=,@%+".contains(c);
+    if !text.is_empty() && text.chars().all(plain) {
+        return text.to_owned();
+    }
+    format!("'{}'", text.replace('\'', "'\\''"))
 }
 
 /// Serves until a listener fails or SIGINT or SIGTERM comes, then shuts down within

@@ -379,39 +379,51 @@ async fn a_request_past_its_callers_deadline_is_refused_and_counts_nothing() {
 /// `http://` address would not).
 #[test]
 fn the_banners_query_works_as_printed_on_a_unix_socket() {
-    use std::io::{BufRead, BufReader};
-    use std::process::Stdio;
-
     let dir = tempfile::tempdir().expect("a directory for the socket");
     let socket = dir.path().join("floodgate.sock");
     let demo = "domain: floodgate_demo\ndescriptors:\n  - key: user_id\n    rate_limit: {unit: minute, requests_per_unit: 5}\n";
     let rules = harness::write_rules(&[("demo.yaml", demo)]);
-    let mut child = harness::command()
+    let mut serve = harness::command();
+    serve
         .args(["serve", "--http-addr", "127.0.0.1:0", "--rules"])
         .arg(rules.path())
-        .env("FLOODGATE_GRPC_UNIX_SOCKET", &socket)
+        .env("FLOODGATE_GRPC_UNIX_SOCKET", &socket);
+    let answer = banner_tried(serve);
+    assert!(
+        answer.contains("user_id=example: OK, limit 5 per minute"),
+        "{answer}"
+    );
+}
+
+/// Starts `serve` and runs the query its banner suggests while it serves: the query's
+/// output, or the banner's line when it suggests none.
+fn banner_tried(mut serve: std::process::Command) -> String {
+    use std::io::{BufRead, BufReader};
+    use std::process::Stdio;
+
+    let mut child = serve
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
         .spawn()
         .expect("floodgate starts");
     let mut lines = BufReader::new(child.stdout.take().expect("stdout")).lines();
     let _listening = lines.next().expect("the listening line").expect("text");
-    let suggestion = lines.next().expect("the query line").expect("text");
-    let command = suggestion
-        .trim()
-        .strip_prefix("try: floodgate ")
-        .unwrap_or_else(|| panic!("{suggestion}"));
-    let answer = harness::command()
-        .args(command.split_whitespace())
-        .output()
-        .expect("floodgate query runs");
+    let suggestion = lines.next().expect("the suggestion").expect("text");
+    let tried = suggestion.strip_prefix("try: floodgate ").map(|command| {
+        let answer = harness::command()
+            .args(command.split_whitespace())
+            .output()
+            .expect("floodgate query runs");
+        assert!(
+            answer.status.success(),
+            "{command}: {}",
+            String::from_utf8_lossy(&answer.stderr)
+        );
+        String::from_utf8_lossy(&answer.stdout).into_owned()
+    });
     let _ = child.kill();
     let _ = child.wait();
-    assert!(
-        answer.status.success(),
-        "{command}: {}",
-        String::from_utf8_lossy(&answer.stderr)
-    );
+    tried.unwrap_or(suggestion)
 }
 
 /// `serve --help` names every setting of the README's table: as a flag, or in its list of
@@ -452,4 +464,38 @@ fn serve_help_names_every_setting() {
         missing.is_empty(),
         "not in serve --help: {missing:?}\n{help}"
     );
+}
+
+/// [`banner_tried`] for a server on `rules`.
+fn banner(rules: &[(&str, &str)]) -> String {
+    let rules = harness::write_rules(rules);
+    let mut serve = harness::command();
+    serve
+        .args(harness::SERVE_ANYWHERE)
+        .arg("--rules")
+        .arg(rules.path());
+    banner_tried(serve)
+}
+
+/// The banner suggests a request the loaded rules decide: their first rule's domain and
+/// path, a wildcard filled in; with no rule loaded, it says so instead.
+#[test]
+fn the_banner_suggests_a_request_the_loaded_rules_decide() {
+    let shop = "
+domain: shop
+descriptors:
+  - key: tenant
+    value: acme
+    descriptors:
+      - key: path
+        value: /api/*
+        rate_limit: {unit: minute, requests_per_unit: 7}
+";
+    let decided = banner(&[("shop.yaml", shop)]);
+    assert!(
+        decided.contains("tenant=acme,path=/api/example: OK, limit 7 per minute"),
+        "{decided}"
+    );
+    let nothing = banner(&[]);
+    assert_eq!(nothing, "no rule is loaded yet: nothing to try");
 }

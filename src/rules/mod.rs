@@ -234,6 +234,30 @@ impl RuleSet {
         self.domains.keys().map(String::len).max().unwrap_or(0)
     }
 
+    /// A request these rules decide, for the start banner: the first rule in [`rules`]'
+    /// order, as its domain and the entries of its path (a wildcard's `*` and a key-only
+    /// level read `example`); `None` when no rule is loaded.
+    ///
+    /// [`rules`]: RuleSet::rules
+    pub fn example(&self) -> Option<(&str, Vec<(String, String)>)> {
+        fn first(level: &Descriptors, path: &mut Vec<(String, String)>) -> bool {
+            for node in &level.nodes {
+                let value = (node.value.as_deref())
+                    .map_or("example".into(), |value| value.replace('*', "example"));
+                path.push((node.key.clone(), value));
+                if node.rule.is_some() || first(&node.children, path) {
+                    return true;
+                }
+                path.pop();
+            }
+            false
+        }
+        self.domains.values().find_map(|domain| {
+            let mut path = Vec::new();
+            first(&domain.descriptors, &mut path).then_some((domain.name.as_str(), path))
+        })
+    }
+
     /// Every rule with its depth, in stable order: domains by name, descriptors in
     /// declaration order, depth first.
     pub fn rules(&self) -> impl Iterator<Item = &Arc<Rule>> {
