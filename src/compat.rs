@@ -337,6 +337,9 @@ impl<'a> Translator<'a> {
         if self.flag("SHADOW_MODE")? {
             self.set("shadow_mode", "true");
         }
+        if self.flag("QUOTA_MODE")? {
+            self.set("quota_mode", "true");
+        }
         if self.flag("STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT")? {
             self.set("consume_on_reject", "false");
         }
@@ -871,6 +874,7 @@ mod tests {
             (vec![("BACKEND_TYPE", "memcache")], "BACKEND_TYPE"),
             (vec![("CONFIG_TYPE", "GRPC_XDS_DELTA")], "CONFIG_TYPE"),
             (vec![("SHADOW_MODE", "maybe")], "SHADOW_MODE"),
+            (vec![("QUOTA_MODE", "maybe")], "QUOTA_MODE"),
             (
                 vec![("GRPC_MAX_CONNECTION_AGE", "a day")],
                 "GRPC_MAX_CONNECTION_AGE",

@@ -196,3 +196,49 @@ fn an_upstream_setting_floodgate_cannot_serve_stops_the_start_naming_it() {
     let stderr = harness::refused_start(&["ratelimit"], &[("BACKEND_TYPE", "memcache")]);
     assert!(stderr.contains("BACKEND_TYPE=\"memcache\""), "{stderr}");
 }
+
+#[tokio::test]
+async fn upstreams_global_quota_mode_is_honoured() {
+    let rules = "domain: compat\ndescriptors:\n  - key: user\n    rate_limit: {unit: day, requests_per_unit: 1}\n  - key: team\n    rate_limit: {unit: day, requests_per_unit: 5}\n";
+    let codes = |quota_mode: &'static str| async move {
+        let dir = tempfile::tempdir().expect("a directory");
+        let config = dir.path().join("runtime/ratelimit/config");
+        std::fs::create_dir_all(&config).expect("the runtime directory");
+        std::fs::write(config.join("compat.yaml"), rules).expect("a rule file");
+        let root = dir.path().join("runtime").display().to_string();
+        let upstream = Upstream::start(
+            dir.path(),
+            &[
+                ("RUNTIME_ROOT", &root),
+                ("RUNTIME_SUBDIRECTORY", "ratelimit"),
+                ("USE_STATSD", "false"),
+                ("HOST", "127.0.0.1"),
+                ("PORT", "0"),
+                ("GRPC_HOST", "127.0.0.1"),
+                ("GRPC_PORT", "0"),
+                ("FLOODGATE_BACKEND", "memory"),
+                ("QUOTA_MODE", quota_mode),
+            ],
+        );
+        let mut client = RateLimitServiceClient::connect(format!("http://{}", upstream.grpc))
+            .await
+            .expect("a connection");
+        let mut codes = Vec::new();
+        for _ in 0..2 {
+            // The user's limit runs out on the second; the team's does not.
+            let ask = request(
+                "compat",
+                vec![
+                    descriptor(&[("user", "alice")]),
+                    descriptor(&[("team", "t")]),
+                ],
+            );
+            let answer = client.should_rate_limit(ask).await.expect("a decision");
+            codes.push(answer.into_inner().overall_code);
+        }
+        codes
+    };
+    assert_eq!(codes("false").await, [OK, OVER_LIMIT]);
+    // Every rule in quota mode: over limit only when every descriptor is.
+    assert_eq!(codes("true").await, [OK, OK]);
+}
