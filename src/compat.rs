@@ -337,6 +337,9 @@ impl<'a> Translator<'a> {
         if self.flag("SHADOW_MODE")? {
             self.set("shadow_mode", "true");
         }
+        if self.flag("HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED")? {
+            self.set("readiness_needs_rules", "true");
+        }
         if self.flag("QUOTA_MODE")? {
             self.set("quota_mode", "true");
         }
@@ -875,6 +878,10 @@ mod tests {
             (vec![("CONFIG_TYPE", "GRPC_XDS_DELTA")], "CONFIG_TYPE"),
             (vec![("SHADOW_MODE", "maybe")], "SHADOW_MODE"),
             (vec![("QUOTA_MODE", "maybe")], "QUOTA_MODE"),
+            (
+                vec![("HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED", "maybe")],
+                "HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED",
+            ),
             (
                 vec![("GRPC_MAX_CONNECTION_AGE", "a day")],
                 "GRPC_MAX_CONNECTION_AGE",

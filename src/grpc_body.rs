@@ -16,12 +16,13 @@
 //!   never charged. One that must wait for more is charged, while it waits, for its headers
 //!   ([`HEADER_COPIES`] times), a fixed [`STREAM_COST`] and its body as the server holds it
 //!   (a message in progress counted as announced; a stream's message just completed
-//!   [`DECODED`] times until it is dealt with). When a charge does not fit, the requests
-//!   that have waited longest are cut (`RESOURCE_EXHAUSTED`; HTTP 503) until it does: a
-//!   client stalling bodies holds them for seconds, a well-behaved one waits for its last
-//!   bytes a moment (tonic's client sends the end of a unary call's stream just after its
-//!   message), so the stalled go first. A cut request's stream is reset, which frees what
-//!   HTTP/2 buffered for it.
+//!   [`DECODED`] times until it is dealt with). When a charge does not fit, waiting
+//!   requests are cut (`RESOURCE_EXHAUSTED`; HTTP 503) until it does, those holding the most
+//!   first (by powers of two), and of those the ones that have waited longest. A
+//!   well-behaved call waits for its last bytes a moment (tonic's client sends the end of a
+//!   unary call's stream just after its message) holding a few KiB; a client stalling
+//!   bodies holds large ones, or small ones for seconds, so the stalled go first. A cut
+//!   request's stream is reset, which frees what HTTP/2 buffered for it.
 //! - **Unread bytes are bounded per connection** by HTTP/2's flow control
 //!   (`grpc_conn.rs`): a stream may have [`STREAM_WINDOW`] bytes sent and not yet read, a
 //!   connection [`CONNECTION_WINDOW`]. Bodies are read as soon as they come, so these
@@ -152,7 +153,7 @@ struct Method {
 }
 
 /// The calls waiting for the rest of their request, across every connection: what each
-/// holds, in the order they began waiting, and the most they may hold together.
+/// holds, in the order they are cut in, and the most they may hold together.
 #[derive(Debug)]
 pub struct HeldBytes {
     most: usize,
@@ -163,9 +164,27 @@ pub struct HeldBytes {
 struct Waiting {
     /// What the calls below hold together.
     held: usize,
-    /// Each waiting call by the order it began waiting: what it holds, and how to cut it.
-    calls: BTreeMap<u64, (usize, Arc<Cut>)>,
+    /// Each waiting call by its [`Place`]: what it holds, and how to cut it.
+    calls: BTreeMap<Place, (usize, Arc<Cut>)>,
     next: u64,
+}
+
+/// A waiting call's place in the order calls are cut in: the largest first (by the power of
+/// two they hold: a call stalling a large body before a small one waiting for its last
+/// bytes), and of those the one that began waiting first.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+struct Place {
+    size: std::cmp::Reverse<u32>,
+    since: u64,
+}
+
+impl Place {
+    fn of(bytes: usize, since: u64) -> Self {
+        Place {
+            size: std::cmp::Reverse(usize::BITS - bytes.leading_zeros()),
+            since,
+        }
+    }
 }
 
 /// How a waiting call is told it was cut to make room: a flag, and its task to wake.
@@ -192,37 +211,40 @@ impl HeldBytes {
         self.waiting.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Charges the waiting call `call` (a new one, when `None`) for holding `bytes` from
-    /// now on. When that passes the most, the calls that have waited longest are cut until
-    /// it fits. The call's place in line, or `None` when it alone is past the most.
-    fn charge(&self, call: Option<u64>, bytes: usize, cut: &Arc<Cut>) -> Option<u64> {
+    /// Charges the waiting call at `place` (a new one, when `None`) for holding `bytes`
+    /// from now on. When that passes the most, calls are cut in [`Place`]'s order, never
+    /// this one, until it fits. The call's new place, or `None` when it alone is past the
+    /// most.
+    fn charge(&self, place: Option<Place>, bytes: usize, cut: &Arc<Cut>) -> Option<Place> {
         let mut waiting = self.lock();
-        let (call, before) = match call.and_then(|call| waiting.calls.remove(&call)) {
-            Some((before, _)) => (call.unwrap_or_default(), before),
-            None => {
-                waiting.next += 1;
-                (waiting.next, 0)
-            }
-        };
+        let (since, before) =
+            match place.and_then(|place| Some((place, waiting.calls.remove(&place)?))) {
+                Some((place, (before, _))) => (place.since, before),
+                None => {
+                    waiting.next += 1;
+                    (waiting.next, 0)
+                }
+            };
         waiting.held -= before;
         if bytes > self.most {
             return None;
         }
         while waiting.held + bytes > self.most {
-            let (_, (held, oldest)) = waiting.calls.pop_first()?;
+            let (_, (held, first)) = waiting.calls.pop_first()?;
             waiting.held -= held;
-            oldest.cut.store(true, Ordering::Release);
-            oldest.waker.wake();
+            first.cut.store(true, Ordering::Release);
+            first.waker.wake();
         }
+        let place = Place::of(bytes, since);
         waiting.held += bytes;
-        waiting.calls.insert(call, (bytes, cut.clone()));
-        Some(call)
+        waiting.calls.insert(place, (bytes, cut.clone()));
+        Some(place)
     }
 
-    /// The call `call` waits no more: what it held is free.
-    fn release(&self, call: u64) {
+    /// The call at `place` waits no more: what it held is free.
+    fn release(&self, place: Place) {
         let mut waiting = self.lock();
-        if let Some((held, _)) = waiting.calls.remove(&call) {
+        if let Some((held, _)) = waiting.calls.remove(&place) {
             waiting.held -= held;
         }
     }
@@ -387,7 +409,7 @@ pub struct LimitedBody<B> {
     held: Arc<HeldBytes>,
     /// Its place among the waiting calls, once it has waited for more of its body (before,
     /// it is charged nothing).
-    waiting: Option<u64>,
+    waiting: Option<Place>,
     /// Set when it is cut to make room for a newer waiting call.
     cut: Arc<Cut>,
     /// What it held when last charged.
@@ -428,12 +450,15 @@ impl<B> LimitedBody<B> {
         self.fixed + body
     }
 
-    /// Charges the call for what it holds now, cutting the calls that have waited longest
-    /// if the budget needs room; `RESOURCE_EXHAUSTED` when this call was cut, or alone
+    /// Charges the call for what it holds now, cutting others (the largest, then the
+    /// longest waiting) if the budget needs room; `RESOURCE_EXHAUSTED` when this call was cut, or alone
     /// holds more than the budget.
     fn charge(&mut self) -> Result<(), tonic::Status> {
         if self.cut.cut.load(Ordering::Acquire) {
-            return Err(self.refusal("it had waited longest, and newer calls needed the room"));
+            return Err(self.refusal(
+                "it held the most (or as much, and had waited longest), and newer calls \
+                 needed the room",
+            ));
         }
         let holding = self.holding();
         if self.waiting.is_some() && holding == self.charged {
@@ -598,26 +623,29 @@ mod tests {
     }
 
     #[test]
-    fn the_calls_that_waited_longest_are_cut_to_make_room() {
+    fn the_largest_calls_then_the_longest_waiting_are_cut_to_make_room() {
         let held = HeldBytes::new(100);
-        let cuts: Vec<Arc<Cut>> = (0..4).map(|_| Arc::default()).collect();
-        let first = held.charge(None, 40, &cuts[0]).expect("room");
-        let second = held.charge(None, 40, &cuts[1]).expect("room");
-        // A third needs room: the first goes.
-        let third = held.charge(None, 30, &cuts[2]).expect("room");
-        assert!(cuts[0].cut.load(Ordering::Acquire));
-        assert!(!cuts[1].cut.load(Ordering::Acquire));
-        assert_eq!(held.held(), 70);
-        // A call grows: the oldest other one goes, never itself.
-        assert_eq!(held.charge(Some(third), 70, &cuts[2]), Some(third));
-        assert!(cuts[1].cut.load(Ordering::Acquire));
-        assert_eq!(held.held(), 70);
+        let cuts: Vec<Arc<Cut>> = (0..5).map(|_| Arc::default()).collect();
+        let cut = |i: usize| cuts[i].cut.load(Ordering::Acquire);
+        let small = held.charge(None, 5, &cuts[0]).expect("room");
+        let first = held.charge(None, 40, &cuts[1]).expect("room");
+        let second = held.charge(None, 40, &cuts[2]).expect("room");
+        // A new call needs room: the first of the two large ones goes, not the small one
+        // that has waited longer.
+        let third = held.charge(None, 30, &cuts[3]).expect("room");
+        assert!(cut(1) && !cut(0) && !cut(2));
+        assert_eq!(held.held(), 75);
+        // A call grows: the largest other one goes, never itself; it keeps its age.
+        let grown = held.charge(Some(third), 90, &cuts[3]).expect("room");
+        assert_eq!(grown.since, third.since);
+        assert!(cut(2) && !cut(0));
+        assert_eq!(held.held(), 95);
         // One alone past the most is refused, and cuts nobody.
-        assert_eq!(held.charge(None, 101, &cuts[3]), None);
-        assert!(!cuts[2].cut.load(Ordering::Acquire));
-        held.release(first);
-        held.release(second);
-        held.release(third);
+        assert_eq!(held.charge(None, 101, &cuts[4]), None);
+        assert!(!cut(3) && !cut(0));
+        for place in [small, first, second, grown] {
+            held.release(place);
+        }
         assert_eq!(held.held(), 0);
     }
 }

@@ -30,15 +30,32 @@ use crate::proto::envoy::service::ratelimit::v3::RateLimitRequest;
 use crate::proto::envoy::service::ratelimit::v3::rate_limit_response::Code;
 use crate::service::{DecideError, RateLimiter, grpc};
 
-/// What readiness (`/readyz`, gRPC health) reflects.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Readiness {
-    /// Ready while the server serves (its rules loaded, its listeners up): with the backend
-    /// failing, each rule's `on_backend_error` still answers, so the replica stays in the
-    /// Service and its policies get to answer.
-    Serving,
+/// What readiness (`/readyz`, gRPC health) reflects besides the server serving (its
+/// listeners up, not shutting down). With the backend failing, each rule's
+/// `on_backend_error` still answers, so by default the replica stays in the Service and its
+/// policies get to answer.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Readiness {
     /// Also unready while the backend's circuit is open (`readiness_follows_backend`).
-    FollowsBackend,
+    pub follows_backend: bool,
+    /// Also unready while no rule is loaded (`readiness_needs_rules`, upstream's
+    /// `HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED`): a replica started before its rules came
+    /// (an xDS server's first snapshot, an empty rules directory) gets no traffic yet.
+    pub needs_rules: bool,
+}
+
+impl Readiness {
+    /// Why a server that serves is not ready, if it is not: `backend_up` and `has_rules`
+    /// as they are now.
+    pub fn unready_because(self, backend_up: bool, has_rules: bool) -> Option<&'static str> {
+        if self.needs_rules && !has_rules {
+            Some("no rules loaded")
+        } else if self.follows_backend && !backend_up {
+            Some("backend unavailable")
+        } else {
+            None
+        }
+    }
 }
 
 /// What the HTTP handlers share.
@@ -80,8 +97,9 @@ async fn readyz(State(state): State<HttpState>) -> Response {
     } else {
         "backend: circuit open (each rule's on_backend_error answers)"
     };
-    if !backend_up && state.readiness == Readiness::FollowsBackend {
-        let body = format!("backend unavailable\n{backend}\n");
+    let has_rules = !state.limiter.rules().domains.is_empty();
+    if let Some(why) = state.readiness.unready_because(backend_up, has_rules) {
+        let body = format!("{why}\n{backend}\n");
         return (StatusCode::SERVICE_UNAVAILABLE, body).into_response();
     }
     (StatusCode::OK, format!("ready\n{backend}\n")).into_response()

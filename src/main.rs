@@ -94,6 +94,7 @@ More settings have no flag: set them in the --config file (TOML) or as FLOODGATE
   redis_per_second.{backend,url,username,password,sentinel_master,pool_size}
                                        a second Redis for per-second limits' counters
   readiness_follows_backend            /readyz and gRPC health follow Redis' breaker
+  readiness_needs_rules                unready while no rule is loaded
   memory_max_counters, near_limit_ratio, on_backend_error, request_limits.*,
     connection_limits.*, shutdown_grace   limits and policies
   OTEL_EXPORTER_OTLP_ENDPOINT (and the other OTEL_* variables)   traces over OTLP
@@ -470,16 +471,15 @@ fn spawn_statsd(
     })
 }
 
-/// What readiness follows: the backend's breaker too with `readiness_follows_backend`.
+/// What readiness follows besides serving: the backend's breaker with
+/// `readiness_follows_backend`, the rules being loaded with `readiness_needs_rules`.
 fn readiness(settings: &Settings) -> Readiness {
-    if settings.readiness_follows_backend {
-        Readiness::FollowsBackend
-    } else {
-        Readiness::Serving
+    Readiness {
+        follows_backend: settings.readiness_follows_backend,
+        needs_rules: settings.readiness_needs_rules,
     }
 }
-
-/// Reloads rules read from files when the directory changes and on SIGHUP.
+// Reloads rules read from files when the directory changes and on SIGHUP.
 fn reload_rules(settings: &Settings, reloader: Option<Reloader>, hangups: Hangups) {
     let reload_interval = (settings.rules_reload_interval_ms > 0)
         .then(|| Duration::from_millis(settings.rules_reload_interval_ms));

@@ -129,6 +129,9 @@ pub async fn start(
     let listeners = Listeners::bind(endpoints).await?;
     let (stop, stopped) = watch::channel(false);
     let (health, routes) = grpc_services(&limiter, stopped.clone()).await?;
+    if !starts_ready(&limiter, readiness) {
+        set_health(&health, tonic_health::ServingStatus::NotServing).await;
+    }
     let ready = Arc::new(AtomicBool::new(true));
     let watcher = tokio::spawn(watch_backend(limiter.clone(), health.clone(), readiness));
     let state = HttpState {
@@ -453,40 +456,57 @@ async fn serve_http(
 }
 
 /// Probes an open circuit so the backend's recovery needs no traffic, logs the backend's
-/// changes, and with [`Readiness::FollowsBackend`] turns health NOT_SERVING while the
-/// backend fails and SERVING when it answers again.
+/// changes, and turns health NOT_SERVING while `readiness` says the server is not ready
+/// (the backend failing, with `follows_backend`; no rule loaded, with `needs_rules`) and
+/// SERVING once it is.
 async fn watch_backend(
     limiter: Arc<RateLimiter>,
     health: tonic_health::server::HealthReporter,
     readiness: Readiness,
 ) {
     let mut healthy = true;
+    // As `start` set it.
+    let mut serving = starts_ready(&limiter, readiness);
     let mut ticks = tokio::time::interval(HEALTH_INTERVAL);
     loop {
         ticks.tick().await;
         let backend = limiter.backend();
         backend.probe_if_due().await;
         let now = backend.healthy();
-        if now == healthy {
+        if now != healthy {
+            healthy = now;
+            match (healthy, readiness.follows_backend) {
+                (true, _) => tracing::info!("backend answers again"),
+                (false, true) => tracing::info!("backend unavailable; readiness follows it"),
+                (false, false) => tracing::info!(
+                    "backend unavailable; still ready, each rule's on_backend_error answers"
+                ),
+            }
+        }
+        let has_rules = !limiter.rules().domains.is_empty();
+        let unready = readiness.unready_because(healthy, has_rules);
+        if unready.is_none() == serving {
             continue;
         }
-        healthy = now;
-        if readiness == Readiness::FollowsBackend {
-            let status = if healthy {
-                tonic_health::ServingStatus::Serving
-            } else {
-                tonic_health::ServingStatus::NotServing
-            };
-            tracing::info!(?status, "backend health changed; readiness follows it");
-            set_health(&health, status).await;
-        } else if healthy {
-            tracing::info!("backend answers again");
+        serving = unready.is_none();
+        let status = if serving {
+            tonic_health::ServingStatus::Serving
         } else {
-            tracing::info!(
-                "backend unavailable; still ready, each rule's on_backend_error answers"
-            );
-        }
+            tonic_health::ServingStatus::NotServing
+        };
+        tracing::info!(
+            ?status,
+            reason = unready.unwrap_or("ready"),
+            "readiness changed"
+        );
+        set_health(&health, status).await;
     }
+}
+
+/// Whether the server is ready as it starts (its backend taken as up until it fails).
+fn starts_ready(limiter: &RateLimiter, readiness: Readiness) -> bool {
+    let has_rules = !limiter.rules().domains.is_empty();
+    readiness.unready_because(true, has_rules).is_none()
 }
 
 /// Sets the overall status and the rate-limit services'.

@@ -416,6 +416,10 @@ pub struct Settings {
     /// circuit is open. Off: readiness says whether floodgate can answer, which it can, by
     /// each rule's `on_backend_error` (upstream's `REDIS_HEALTH_CHECK_ACTIVE_CONNECTION`).
     pub readiness_follows_backend: bool,
+    /// Also unready (`/readyz` 503, gRPC health NOT_SERVING) while no rule is loaded: an
+    /// xDS server's first snapshot not come yet, an empty rules directory (upstream's
+    /// `HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED`).
+    pub readiness_needs_rules: bool,
 }
 
 /// `on_backend_error` as a settings value.
@@ -509,6 +513,7 @@ impl Default for Settings {
             log_format: LogFormat::Text,
             shutdown_grace: 10,
             readiness_follows_backend: false,
+            readiness_needs_rules: false,
         }
     }
 }

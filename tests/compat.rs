@@ -242,3 +242,40 @@ async fn upstreams_global_quota_mode_is_honoured() {
     // Every rule in quota mode: over limit only when every descriptor is.
     assert_eq!(codes("true").await, [OK, OK]);
 }
+
+/// Over xDS with `FORCE_START_WITHOUT_INITIAL_CONFIG`, upstream's
+/// `HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED` keeps the replica unhealthy until the first
+/// snapshot is in force.
+#[tokio::test]
+async fn healthy_with_at_least_one_config_loaded_waits_for_the_first_snapshot() {
+    let xds = XdsServer::start(None).await;
+    let xds_url = xds.addr.to_string();
+    let dir = tempfile::tempdir().expect("a directory");
+    let upstream = Upstream::start(
+        dir.path(),
+        &[
+            ("CONFIG_TYPE", "GRPC_XDS_SOTW"),
+            ("CONFIG_GRPC_XDS_SERVER_URL", &xds_url),
+            ("FORCE_START_WITHOUT_INITIAL_CONFIG", "true"),
+            ("HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED", "true"),
+            ("USE_STATSD", "false"),
+            ("HOST", "127.0.0.1"),
+            ("PORT", "0"),
+            ("GRPC_HOST", "127.0.0.1"),
+            ("GRPC_PORT", "0"),
+            ("FLOODGATE_BACKEND", "memory"),
+        ],
+    );
+    let (status, body) = harness::http(upstream.http, "GET", "/healthcheck", "");
+    assert_eq!(status, 503, "{body}");
+    xds.push(Snapshot::limit("1", "compat", "user", 2));
+    xds.ack_of("1").await;
+    let until = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while harness::http(upstream.http, "GET", "/healthcheck", "").0 != 200 {
+        assert!(
+            std::time::Instant::now() < until,
+            "unhealthy after the snapshot"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+}

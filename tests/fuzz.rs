@@ -350,7 +350,7 @@ impl Target {
         let mut app = router(HttpState {
             limiter: self.limiter.clone(),
             ready: Arc::new(true.into()),
-            readiness: floodgate::server::Readiness::Serving,
+            readiness: floodgate::server::Readiness::default(),
         });
         let request = axum::http::Request::post("/json")
             .header("content-type", "application/json")

@@ -143,3 +143,50 @@ async fn a_password_set_under_a_running_server_is_logged_as_the_circuits_cause()
         "the circuit's log line says why Redis refuses: {cause}"
     );
 }
+
+/// `readiness_needs_rules` (upstream's `HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED`): a server
+/// started with no rule is unready until one is loaded, then ready; without it, ready at
+/// once.
+#[tokio::test]
+async fn with_readiness_needs_rules_a_server_without_rules_is_unready_until_they_come() {
+    let server = Floodgate::start_with_env(
+        &[],
+        &[],
+        &[
+            ("FLOODGATE_READINESS_NEEDS_RULES", "true"),
+            ("FLOODGATE_RULES_RELOAD_INTERVAL_MS", "50"),
+        ],
+    );
+    let (status, body) = server.http("GET", "/readyz", "");
+    assert_eq!(
+        (status, body.lines().next()),
+        (503, Some("no rules loaded"))
+    );
+    assert_eq!(server.http("GET", "/healthcheck", "").0, 503);
+    let not_serving = ServingStatus::NotServing as i32;
+    assert_eq!(grpc_health(&server, "").await, not_serving);
+    let service = "envoy.service.ratelimit.v3.RateLimitService";
+    assert_eq!(grpc_health(&server, service).await, not_serving);
+
+    let rule =
+        "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: day, requests_per_unit: 5}\n";
+    std::fs::write(server.rules_dir.path().join("d.yaml"), rule).expect("a rule file");
+    let until = Instant::now() + Duration::from_secs(10);
+    while grpc_health(&server, service).await != ServingStatus::Serving as i32 {
+        assert!(
+            Instant::now() < until,
+            "not serving 10 s after the rules came"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(server.http("GET", "/readyz", "").0, 200);
+    assert_eq!(
+        grpc_health(&server, "").await,
+        ServingStatus::Serving as i32
+    );
+
+    // Without the setting, the same server is ready with no rules.
+    let plain = Floodgate::start(&[], &[]);
+    assert_eq!(plain.http("GET", "/readyz", "").0, 200);
+    assert_eq!(grpc_health(&plain, "").await, ServingStatus::Serving as i32);
+}
