@@ -208,17 +208,11 @@ async fn upstreams_global_quota_mode_is_honoured() {
         let root = dir.path().join("runtime").display().to_string();
         let upstream = Upstream::start(
             dir.path(),
-            &[
+            &quietly(&[
                 ("RUNTIME_ROOT", &root),
                 ("RUNTIME_SUBDIRECTORY", "ratelimit"),
-                ("USE_STATSD", "false"),
-                ("HOST", "127.0.0.1"),
-                ("PORT", "0"),
-                ("GRPC_HOST", "127.0.0.1"),
-                ("GRPC_PORT", "0"),
-                ("FLOODGATE_BACKEND", "memory"),
                 ("QUOTA_MODE", quota_mode),
-            ],
+            ]),
         );
         let mut client = RateLimitServiceClient::connect(format!("http://{}", upstream.grpc))
             .await
@@ -253,18 +247,12 @@ async fn healthy_with_at_least_one_config_loaded_waits_for_the_first_snapshot() 
     let dir = tempfile::tempdir().expect("a directory");
     let upstream = Upstream::start(
         dir.path(),
-        &[
+        &quietly(&[
             ("CONFIG_TYPE", "GRPC_XDS_SOTW"),
             ("CONFIG_GRPC_XDS_SERVER_URL", &xds_url),
             ("FORCE_START_WITHOUT_INITIAL_CONFIG", "true"),
             ("HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED", "true"),
-            ("USE_STATSD", "false"),
-            ("HOST", "127.0.0.1"),
-            ("PORT", "0"),
-            ("GRPC_HOST", "127.0.0.1"),
-            ("GRPC_PORT", "0"),
-            ("FLOODGATE_BACKEND", "memory"),
-        ],
+        ]),
     );
     let (status, body) = harness::http(upstream.http, "GET", "/healthcheck", "");
     assert_eq!(status, 503, "{body}");
@@ -278,4 +266,20 @@ async fn healthy_with_at_least_one_config_loaded_waits_for_the_first_snapshot() 
         );
         tokio::time::sleep(std::time::Duration::from_millis(50)).await;
     }
+}
+
+/// `env` and what a test of one setting adds to upstream's environment: free loopback
+/// ports, no statsd, and floodgate's memory backend (its own variable wins over upstream's
+/// Redis default).
+fn quietly<'a>(env: &[(&'a str, &'a str)]) -> Vec<(&'a str, &'a str)> {
+    let mut all = env.to_vec();
+    all.extend([
+        ("USE_STATSD", "false"),
+        ("HOST", "127.0.0.1"),
+        ("PORT", "0"),
+        ("GRPC_HOST", "127.0.0.1"),
+        ("GRPC_PORT", "0"),
+        ("FLOODGATE_BACKEND", "memory"),
+    ]);
+    all
 }
