@@ -410,7 +410,7 @@ pub struct LimitedBody<B> {
     /// Its place among the waiting calls, once it has waited for more of its body (before,
     /// it is charged nothing).
     waiting: Option<Place>,
-    /// Set when it is cut to make room for a newer waiting call.
+    /// Set when it is cut to make room for another waiting call.
     cut: Arc<Cut>,
     /// What it held when last charged.
     charged: usize,
@@ -451,8 +451,8 @@ impl<B> LimitedBody<B> {
     }
 
     /// Charges the call for what it holds now, cutting others (the largest, then the
-    /// longest waiting) if the budget needs room; `RESOURCE_EXHAUSTED` when this call was cut, or alone
-    /// holds more than the budget.
+    /// longest waiting) if the budget needs room; `RESOURCE_EXHAUSTED` when this call was
+    /// cut, or alone holds more than the budget.
     fn charge(&mut self) -> Result<(), tonic::Status> {
         if self.cut.cut.load(Ordering::Acquire) {
             return Err(self.refusal(
