@@ -216,6 +216,7 @@ impl<'a> Translator<'a> {
         if self.flag("FORCE_START_WITHOUT_INITIAL_CONFIG")? {
             self.set("xds.start_without_initial_config", "true");
         }
+        self.copy("XDS_CLIENT_MAX_MSG_SIZE_IN_BYTES", "xds.max_message_bytes");
         self.ignore(
             "CONFIG_GRPC_XDS_NODE_METADATA",
             "the node is sent with its id and cluster only",
@@ -224,6 +225,15 @@ impl<'a> Translator<'a> {
             "CONFIG_GRPC_XDS_CLIENT_ADDITIONAL_HEADERS",
             "no headers are added to the xDS stream",
         );
+        for name in [
+            "XDS_CLIENT_BACKOFF_RANDOM_FACTOR",
+            "XDS_CLIENT_BACKOFF_JITTER",
+        ] {
+            self.ignore(
+                name,
+                "the pause before subscribing again is always jittered",
+            );
+        }
         Ok(())
     }
 
@@ -637,6 +647,30 @@ mod tests {
             value(&translated, "FLOODGATE_REDIS_COMMAND_TIMEOUT_MS"),
             None
         );
+    }
+
+    #[test]
+    fn upstreams_xds_client_settings_are_honoured_or_named() {
+        let translated = translate(&env(&[
+            ("CONFIG_TYPE", "GRPC_XDS_SOTW"),
+            ("XDS_CLIENT_MAX_MSG_SIZE_IN_BYTES", "8388608"),
+            ("XDS_CLIENT_BACKOFF_RANDOM_FACTOR", "0.2"),
+            ("XDS_CLIENT_BACKOFF_JITTER", "false"),
+            ("CONFIG_GRPC_XDS_NODE_METADATA", "a:b"),
+        ]))
+        .expect("translates");
+        assert_eq!(
+            value(&translated, "FLOODGATE_XDS__MAX_MESSAGE_BYTES"),
+            Some("8388608")
+        );
+        for name in [
+            "XDS_CLIENT_BACKOFF_RANDOM_FACTOR",
+            "XDS_CLIENT_BACKOFF_JITTER",
+            "CONFIG_GRPC_XDS_NODE_METADATA",
+        ] {
+            let said = (translated.ignored.iter()).any(|why| why.starts_with(&format!("{name}:")));
+            assert!(said, "{name}: {:?}", translated.ignored);
+        }
     }
 
     #[test]

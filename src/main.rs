@@ -84,7 +84,7 @@ More settings have no flag: set them in the --config file (TOML) or as FLOODGATE
   statsd.{addr,protocol,flush_interval_ms,extra_tags}   upstream's stats to a statsd server
   admin_addr, admin_token, admin_tls.* the admin API (counters: get, reset)
   rules_source = \"xds\", xds.{server_url,node_id,node_cluster,ca_file,cert_file,key_file,
-    server_name,overlays_file,...}     rules over xDS
+    server_name,overlays_file,max_message_bytes,...}   rules over xDS
   rules_max_bytes                      the most bytes of rules (files or an xDS snapshot)
   merge_domain_config                  rule files of one domain add up instead of clashing
   redis_username, redis_password, redis_tls_ca_file, redis_tls_cert_file,

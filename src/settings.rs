@@ -87,6 +87,9 @@ pub struct XdsSettings {
     /// A TOML file of overlays: floodgate's extensions (algorithm, burst, ...) for rules
     /// the server delivers, by domain and descriptor path (`src/xds/overlay.rs`).
     pub overlays_file: Option<PathBuf>,
+    /// The largest message the xDS server may send (upstream's
+    /// `XDS_CLIENT_MAX_MSG_SIZE_IN_BYTES`); a larger one fails the stream.
+    pub max_message_bytes: usize,
 }
 
 impl Default for XdsSettings {
@@ -103,6 +106,7 @@ impl Default for XdsSettings {
             retry_initial_ms: 500,
             retry_max_ms: 30_000,
             overlays_file: None,
+            max_message_bytes: crate::xds::bound::MAX_MESSAGE_BYTES,
         }
     }
 }

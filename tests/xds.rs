@@ -406,3 +406,25 @@ async fn a_delivered_descriptors_metadata_reaches_the_dynamic_metadata() {
         serde_json::json!({"backend": "primary"})
     );
 }
+
+/// `xds.max_message_bytes` (upstream's `XDS_CLIENT_MAX_MSG_SIZE_IN_BYTES`) bounds what the
+/// server may send: a snapshot past it fails the stream, logged, and decides nothing; the
+/// same snapshot under a larger bound is in force.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_snapshot_past_the_message_size_setting_fails_the_stream() {
+    let xds = XdsServer::start(None).await;
+    xds.push(Snapshot::limit("1", "xds", "user", 2));
+    let url = xds.url("http");
+    let small = subscribed(
+        &url,
+        &[
+            ("FLOODGATE_XDS__MAX_MESSAGE_BYTES", "64"),
+            ("FLOODGATE_XDS__START_WITHOUT_INITIAL_CONFIG", "true"),
+        ],
+    );
+    let log = small.wait_for_log("xDS subscription failed");
+    assert!(log.contains("64"), "the failure names the limit:\n{log}");
+    assert_eq!(allowed(&small, "user", "a", 3).await, 3, "no rule in force");
+    let large = subscribed(&url, &[("FLOODGATE_XDS__MAX_MESSAGE_BYTES", "65536")]);
+    assert_eq!(allowed(&large, "user", "a", 3).await, 2);
+}

@@ -31,7 +31,7 @@
 //! `start_without_initial_config` is set: then floodgate serves at once with no rules (every
 //! request OK, nothing counted) until one arrives.
 
-mod bound;
+pub mod bound;
 mod connect;
 pub mod convert;
 pub mod overlay;
@@ -156,7 +156,7 @@ impl Subscription {
     async fn session(&mut self, delivered: &mut bool) -> Result<(), XdsError> {
         let channel = connect::endpoint(&self.settings).await?.connect().await?;
         let mut client = AggregatedDiscoveryServiceClient::new(channel)
-            .max_decoding_message_size(bound::MAX_MESSAGE_BYTES);
+            .max_decoding_message_size(self.settings.max_message_bytes);
         let (requests, outgoing) = mpsc::channel(4);
         let outgoing = futures_util::stream::unfold(outgoing, |mut outgoing| async move {
             outgoing.recv().await.map(|request| (request, outgoing))
