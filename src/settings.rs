@@ -106,7 +106,7 @@ impl Default for XdsSettings {
             retry_initial_ms: 500,
             retry_max_ms: 30_000,
             overlays_file: None,
-            max_message_bytes: crate::xds::bound::MAX_MESSAGE_BYTES,
+            max_message_bytes: DEFAULT_XDS_MAX_MESSAGE_BYTES,
         }
     }
 }
@@ -231,6 +231,10 @@ impl Default for RequestLimits {
         }
     }
 }
+
+/// The default of `xds.max_message_bytes`: gRPC's customary 4 MiB, what Envoy's and
+/// envoyproxy/ratelimit's xDS clients accept too.
+pub const DEFAULT_XDS_MAX_MESSAGE_BYTES: usize = 4 << 20;
 
 /// The default of `connection_limits.max_request_bytes_held`.
 pub const DEFAULT_MAX_REQUEST_BYTES_HELD: usize = 32 << 20;

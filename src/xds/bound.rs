@@ -2,8 +2,8 @@
 //! takes many times its wire size once decoded (some 200 bytes for a descriptor of 20) and as
 //! rule text (some 140), so each bound is checked before the step that would expand past it:
 //!
-//! - **The message**: at most `xds.max_message_bytes` ([`MAX_MESSAGE_BYTES`] by default),
-//!   refused by tonic as it arrives.
+//! - **The message**: at most `xds.max_message_bytes` (4 MiB by default,
+//!   `settings::DEFAULT_XDS_MAX_MESSAGE_BYTES`), refused by tonic as it arrives.
 //! - **The items**: every descriptor and every `replaces` entry becomes at least
 //!   [`MIN_ITEM_TEXT_BYTES`] of rule text, so a snapshot of more than `rules_max_bytes /
 //!   MIN_ITEM_TEXT_BYTES` of them could never fit `rules_max_bytes`. They are counted on the
@@ -12,11 +12,6 @@
 //!   and stops where a snapshot would pass it.
 
 use prost::encoding::{DecodeContext, WireType, decode_key, decode_varint, skip_field};
-
-/// The most a snapshot's gRPC message may take by default (`xds.max_message_bytes`), decoded
-/// or not: gRPC's customary 4 MiB, what Envoy's and envoyproxy/ratelimit's xDS clients accept
-/// too.
-pub const MAX_MESSAGE_BYTES: usize = 4 * 1024 * 1024;
 
 /// The least rule text a descriptor or a `replaces` entry becomes: `{"key": ""}` or
 /// `{"name": ""}` with its indentation, line breaks and comma take more (a test checks).

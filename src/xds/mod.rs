@@ -31,7 +31,7 @@
 //! `start_without_initial_config` is set: then floodgate serves at once with no rules (every
 //! request OK, nothing counted) until one arrives.
 
-pub mod bound;
+mod bound;
 mod connect;
 pub mod convert;
 pub mod overlay;
