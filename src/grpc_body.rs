@@ -410,8 +410,9 @@ pub struct LimitedBody<B> {
     /// Its place among the waiting calls, once it has waited for more of its body (before,
     /// it is charged nothing).
     waiting: Option<Place>,
-    /// Set when it is cut to make room for another waiting call.
-    cut: Arc<Cut>,
+    /// How it is told it was cut to make room for another waiting call: made when it first
+    /// waits (a call whose body comes at once never needs one).
+    cut: Option<Arc<Cut>>,
     /// What it held when last charged.
     charged: usize,
 }
@@ -425,7 +426,7 @@ impl<B> LimitedBody<B> {
             fixed,
             held,
             waiting: None,
-            cut: Arc::default(),
+            cut: None,
             charged: 0,
         }
     }
@@ -454,7 +455,7 @@ impl<B> LimitedBody<B> {
     /// longest waiting) if the budget needs room; `RESOURCE_EXHAUSTED` when this call was
     /// cut, or alone holds more than the budget.
     fn charge(&mut self) -> Result<(), tonic::Status> {
-        if self.cut.cut.load(Ordering::Acquire) {
+        if (self.cut.as_ref()).is_some_and(|cut| cut.cut.load(Ordering::Acquire)) {
             return Err(self.refusal(
                 "it held the most (or as much, and had waited longest), and newer calls \
                  needed the room",
@@ -464,7 +465,8 @@ impl<B> LimitedBody<B> {
         if self.waiting.is_some() && holding == self.charged {
             return Ok(());
         }
-        self.waiting = self.held.charge(self.waiting, holding, &self.cut);
+        let cut = self.cut.get_or_insert_with(Arc::default);
+        self.waiting = self.held.charge(self.waiting, holding, cut);
         self.charged = holding;
         match self.waiting {
             Some(_) => Ok(()),
@@ -507,7 +509,9 @@ where
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, tonic::Status>>> {
         let this = &mut *self;
-        this.cut.waker.register(cx.waker());
+        if let Some(cut) = &this.cut {
+            cut.waker.register(cx.waker());
+        }
         this.reader.handed_on();
         if this.waiting.is_some()
             && let Err(cut) = this.charge()
@@ -517,7 +521,8 @@ where
         let polled = Pin::new(&mut this.inner).poll_frame(cx);
         let Poll::Ready(frame) = polled else {
             // The call waits for more of its body: from now on it is charged for what it
-            // holds.
+            // holds, and may be cut (which wakes it).
+            (this.cut.get_or_insert_with(Arc::default).waker).register(cx.waker());
             if let Err(cut) = this.charge() {
                 return Poll::Ready(Some(Err(cut)));
             }
