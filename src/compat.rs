@@ -10,7 +10,8 @@
 //! silently dropped; what cannot be honoured safely (memcache as the backend, an unknown
 //! `CONFIG_TYPE`) is an error.
 
-use std::collections::HashMap;
+use std::cell::RefCell;
+use std::collections::{BTreeSet, HashMap};
 use std::time::Duration;
 
 /// What one entry of the over-limit cache costs, about: its counter key (most are under a
@@ -49,6 +50,19 @@ const PER_SECOND_REDIS: RedisVariables = RedisVariables {
     sentinel_master: "redis_per_second.sentinel_master",
 };
 
+/// Upstream's memcache variables: floodgate offers no memcache backend.
+const MEMCACHE_VARIABLES: [&str; 9] = [
+    "MEMCACHE_HOST_PORT",
+    "MEMCACHE_MAX_IDLE_CONNS",
+    "MEMCACHE_SRV",
+    "MEMCACHE_SRV_REFRESH",
+    "MEMCACHE_TLS",
+    "MEMCACHE_TLS_CLIENT_CERT",
+    "MEMCACHE_TLS_CLIENT_KEY",
+    "MEMCACHE_TLS_CACERT",
+    "MEMCACHE_TLS_SKIP_HOSTNAME_VERIFICATION",
+];
+
 /// Why upstream's environment cannot be served.
 #[derive(Debug, PartialEq, Eq, thiserror::Error)]
 #[error("envoyproxy/ratelimit environment: {0}")]
@@ -61,6 +75,8 @@ pub struct Translated {
     pub env: Vec<(String, String)>,
     /// The log filter `LOG_LEVEL` asks for (upstream's default: warn).
     pub log_level: String,
+    /// Variables set that floodgate reads and follows.
+    pub honoured: BTreeSet<String>,
     /// Variables set that floodgate does not honour, each with why.
     pub ignored: Vec<String>,
     /// The standard `OTEL_*` variables upstream's `TRACING_*` ones mean, for those the
@@ -73,6 +89,7 @@ pub fn translate(env: &HashMap<String, String>) -> Result<Translated, CompatErro
     let mut out = Translator {
         env,
         translated: Translated::default(),
+        read: RefCell::default(),
     };
     out.listeners()?;
     out.rules()?;
@@ -80,19 +97,32 @@ pub fn translate(env: &HashMap<String, String>) -> Result<Translated, CompatErro
     out.behaviour()?;
     out.observability()?;
     out.tracing()?;
+    let ignored: BTreeSet<&str> = (out.translated.ignored.iter())
+        .filter_map(|line| line.split_once(':').map(|(name, _)| name))
+        .collect();
+    let read = out.read.take();
+    out.translated.honoured = (read.into_iter())
+        .filter(|name| !ignored.contains(name.as_str()))
+        .collect();
     Ok(out.translated)
 }
 
 struct Translator<'a> {
     env: &'a HashMap<String, String>,
     translated: Translated,
+    /// The variables read that the environment sets.
+    read: RefCell<BTreeSet<String>>,
 }
 
 impl<'a> Translator<'a> {
     /// Upstream's variable `name`, unless unset or empty (as envconfig reads it).
     fn get(&self, name: &str) -> Option<&'a str> {
         let env: &'a HashMap<String, String> = self.env;
-        env.get(name).map(String::as_str).filter(|v| !v.is_empty())
+        let value = env.get(name).map(String::as_str).filter(|v| !v.is_empty());
+        if value.is_some() {
+            self.read.borrow_mut().insert(name.to_owned());
+        }
+        value
     }
 
     fn or(&self, name: &str, default: &'a str) -> &'a str {
@@ -154,7 +184,9 @@ impl<'a> Translator<'a> {
         self.set("connection_limits.max_connection_age_ms", age);
         let grace = self.millis("GRPC_MAX_CONNECTION_AGE_GRACE", "1h")?;
         self.set("connection_limits.max_connection_age_grace_ms", grace);
-        self.ignore("DEBUG_PORT", "/rlconfig is served on the HTTP port");
+        for name in ["DEBUG_HOST", "DEBUG_PORT"] {
+            self.ignore(name, "/rlconfig is served on the HTTP port");
+        }
         Ok(())
     }
 
@@ -185,6 +217,15 @@ impl<'a> Translator<'a> {
         if self.flag("MERGE_DOMAIN_CONFIG")? {
             self.set("merge_domain_config", "true");
         }
+        if self.get("RUNTIME_WATCH_ROOT").is_some() && !self.flag("RUNTIME_WATCH_ROOT")? {
+            self.ignore(
+                "RUNTIME_WATCH_ROOT",
+                "the rules directory itself is watched (a ConfigMap's ..data swap included)",
+            );
+        }
+        if self.get("RUNTIME_IGNOREDOTFILES").is_some() && !self.flag("RUNTIME_IGNOREDOTFILES")? {
+            self.ignore("RUNTIME_IGNOREDOTFILES", "dot files are never rules");
+        }
         Ok(())
     }
 
@@ -207,7 +248,13 @@ impl<'a> Translator<'a> {
             self.copy("CONFIG_GRPC_XDS_SERVER_TLS_SAN", "xds.server_name");
         }
         let initial = match self.get("CONFIG_GRPC_XDS_SERVER_CONNECT_RETRY_INTERVAL") {
-            Some(_) => self.millis("CONFIG_GRPC_XDS_SERVER_CONNECT_RETRY_INTERVAL", "3s")?,
+            Some(_) => {
+                self.ignore(
+                    "XDS_CLIENT_BACKOFF_INITIAL_INTERVAL",
+                    "CONFIG_GRPC_XDS_SERVER_CONNECT_RETRY_INTERVAL is set, and is the first pause",
+                );
+                self.millis("CONFIG_GRPC_XDS_SERVER_CONNECT_RETRY_INTERVAL", "3s")?
+            }
             None => self.millis("XDS_CLIENT_BACKOFF_INITIAL_INTERVAL", "10s")?,
         };
         self.set("xds.retry_initial_ms", initial);
@@ -258,7 +305,39 @@ impl<'a> Translator<'a> {
             self.copy("REDIS_TLS_CLIENT_KEY", "redis_tls_key_file");
         }
         self.copy("CACHE_KEY_PREFIX", "redis_key_prefix");
-        self.ignore("MEMCACHE_HOST_PORT", "memcache is not offered");
+        self.ignore(
+            "EXPIRATION_JITTER_MAX_SECONDS",
+            "a key expires just after its last useful moment, on Redis' clock",
+        );
+        self.redis_startup()?;
+        for name in MEMCACHE_VARIABLES {
+            self.ignore(name, "memcache is not offered");
+        }
+        Ok(())
+    }
+
+    /// Upstream retries Redis at start-up (from `REDIS_STARTUP_INITIAL_INTERVAL`, doubling
+    /// up to `_MAX_INTERVAL`) and exits when `_MAX_ELAPSED_TIME` passes without an answer.
+    fn redis_startup(&mut self) -> Result<(), CompatError> {
+        for (name, setting) in [
+            (
+                "REDIS_STARTUP_INITIAL_INTERVAL",
+                "redis_startup.initial_interval_ms",
+            ),
+            (
+                "REDIS_STARTUP_MAX_INTERVAL",
+                "redis_startup.max_interval_ms",
+            ),
+            (
+                "REDIS_STARTUP_MAX_ELAPSED_TIME",
+                "redis_startup.max_elapsed_ms",
+            ),
+        ] {
+            if self.get(name).is_some() {
+                let millis = self.millis(name, "0")?;
+                self.set(setting, millis);
+            }
+        }
         Ok(())
     }
 
@@ -330,12 +409,21 @@ impl<'a> Translator<'a> {
             &var("TIMEOUT"),
             "a request waits at most redis_max_wait_ms (40 ms), then the rule's on_backend_error",
         );
-        for pipelining in ["PIPELINE_WINDOW", "PIPELINE_LIMIT"] {
+        for pipelining in ["PIPELINE_WINDOW", "PIPELINE_LIMIT", "USE_EXPLICIT_PIPELINE"] {
             self.ignore(
                 &var(pipelining),
                 "the requests waiting on a connection always go as one call",
             );
         }
+        self.ignore(
+            &var("POOL_ON_EMPTY_BEHAVIOR"),
+            "a call never waits for a free connection (they are multiplexed); past \
+             redis_max_wait_ms the rule's on_backend_error answers",
+        );
+        self.ignore(
+            &var("CLUSTER_PIPELINE_PARALLELISM"),
+            "a request's calls to different cluster nodes always go at once",
+        );
         Ok(())
     }
 
@@ -406,29 +494,43 @@ impl<'a> Translator<'a> {
                 self.ignore("PROMETHEUS_PATH", "metrics are served on /metrics");
             }
         }
-        self.statsd()?;
+        if self.flag("PROMETHEUS_RESPONSE_TIME_AS_MILLISECONDS")? {
+            self.set("metrics_response_time_in_milliseconds", "true");
+        }
         self.ignore(
-            "USE_DOG_STATSD",
-            "DogStatsD tags are not offered: plain statsd (EXTRA_TAGS as .__key=value)",
+            "PROMETHEUS_MAPPER_YAML",
+            "the metric names are those of upstream's default mapping",
         );
-        Ok(())
+        self.statsd()
     }
 
     /// Upstream's statsd stats: on unless `USE_STATSD=false` (upstream's default is on),
     /// to `STATSD_HOST:STATSD_PORT` over `STATSD_PROTOCOL` (tcp), every
     /// `STATS_FLUSH_INTERVAL`, with `EXTRA_TAGS`.
     fn statsd(&mut self) -> Result<(), CompatError> {
-        let on = match self.get("USE_STATSD") {
+        let plain = match self.get("USE_STATSD") {
             None => true,
             Some(_) => self.flag("USE_STATSD")?,
         };
+        let dog = self.flag("USE_DOG_STATSD")?;
+        let on = plain || dog;
+        if self.flag("DISABLE_STATS")? {
+            self.ignore(
+                "DISABLE_STATS",
+                "no stats go to statsd, but /metrics is still served (it costs a few atomic \
+                 increments)",
+            );
+            return Ok(());
+        }
         if !on {
             return Ok(());
         }
         let host = self.or("STATSD_HOST", "localhost");
         let port = self.or("STATSD_PORT", "8125");
         self.set("statsd.addr", format!("{host}:{port}"));
+        // Upstream's DogStatsD client sends datagrams, whatever STATSD_PROTOCOL says.
         match self.or("STATSD_PROTOCOL", "tcp").to_lowercase().as_str() {
+            _ if dog => self.set("statsd.protocol", "udp"),
             protocol @ ("tcp" | "udp") => self.set("statsd.protocol", protocol),
             other => {
                 return Err(CompatError(format!(
@@ -441,6 +543,39 @@ impl<'a> Translator<'a> {
         if let Some(tags) = self.get("EXTRA_TAGS") {
             self.set("statsd.extra_tags", sorted_tags(tags));
         }
+        if dog {
+            self.dogstatsd()?;
+        }
+        Ok(())
+    }
+
+    /// `USE_DOG_STATSD`: tags the DogStatsD way (`|#key:value`), over UDP as upstream's
+    /// DogStatsD client sends them, each name first rewritten by the first of
+    /// `USE_DOG_STATSD_MOGRIFIERS` whose `DOG_STATSD_MOGRIFIER_<NAME>_PATTERN` matches it.
+    fn dogstatsd(&mut self) -> Result<(), CompatError> {
+        self.set("statsd.format", "dogstatsd");
+        let Some(names) = self.get("USE_DOG_STATSD_MOGRIFIERS") else {
+            return Ok(());
+        };
+        let mut mogrifiers = Vec::new();
+        for name in names.split(',').map(str::trim).filter(|n| !n.is_empty()) {
+            let var = |part: &str| format!("DOG_STATSD_MOGRIFIER_{name}_{part}");
+            let required = |part: &str| {
+                self.get(&var(part)).ok_or_else(|| {
+                    CompatError(format!("mogrifier {name}: {} is not set", var(part)))
+                })
+            };
+            let pattern = required("PATTERN")?;
+            let rename = required("NAME")?;
+            let tags = self.get(&var("TAGS")).unwrap_or_default();
+            mogrifiers.push(serde_json::json!({
+                "pattern": pattern, "name": rename, "tags": tags,
+            }));
+        }
+        self.set(
+            "statsd.mogrifiers",
+            serde_json::Value::from(mogrifiers).to_string(),
+        );
         Ok(())
     }
 
@@ -946,5 +1081,48 @@ mod tests {
         for bad in ["", "1", "h", "1d", "-1s", "1h-"] {
             assert_eq!(go_duration(bad), None, "{bad}");
         }
+    }
+
+    #[test]
+    fn dogstatsd_takes_each_named_mogrifier_and_refuses_one_without_a_pattern() {
+        let translated = translate(&env(&[
+            ("USE_DOG_STATSD", "true"),
+            ("USE_DOG_STATSD_MOGRIFIERS", "A, B"),
+            ("DOG_STATSD_MOGRIFIER_A_PATTERN", "^x\\.(.*)$"),
+            ("DOG_STATSD_MOGRIFIER_A_NAME", "y.$1"),
+            ("DOG_STATSD_MOGRIFIER_B_PATTERN", "^z$"),
+            ("DOG_STATSD_MOGRIFIER_B_NAME", "w"),
+            ("DOG_STATSD_MOGRIFIER_B_TAGS", "k:v"),
+        ]))
+        .expect("translated");
+        assert_eq!(
+            value(&translated, "FLOODGATE_STATSD__FORMAT"),
+            Some("dogstatsd")
+        );
+        assert_eq!(
+            value(&translated, "FLOODGATE_STATSD__PROTOCOL"),
+            Some("udp")
+        );
+        let mogrifiers: serde_json::Value =
+            serde_json::from_str(value(&translated, "FLOODGATE_STATSD__MOGRIFIERS").unwrap())
+                .unwrap();
+        assert_eq!(
+            mogrifiers,
+            serde_json::json!([
+                {"pattern": "^x\\.(.*)$", "name": "y.$1", "tags": ""},
+                {"pattern": "^z$", "name": "w", "tags": "k:v"},
+            ])
+        );
+        let missing = translate(&env(&[
+            ("USE_DOG_STATSD", "true"),
+            ("USE_DOG_STATSD_MOGRIFIERS", "C"),
+            ("DOG_STATSD_MOGRIFIER_C_NAME", "w"),
+        ]));
+        assert!(
+            missing
+                .unwrap_err()
+                .to_string()
+                .contains("DOG_STATSD_MOGRIFIER_C_PATTERN is not set")
+        );
     }
 }

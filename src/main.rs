@@ -65,7 +65,12 @@ enum Command {
     Bench(bench::BenchArgs),
     /// Serve with envoyproxy/ratelimit's environment variables (also what the binary does
     /// when started as `ratelimit`, the image's /bin/ratelimit).
-    Ratelimit,
+    Ratelimit {
+        /// Print what each of upstream's variables set here becomes (honoured, or not and
+        /// why) and the settings they make, then exit.
+        #[arg(long)]
+        explain: bool,
+    },
     /// Read or reset a descriptor's counters through a server's admin API.
     #[command(subcommand)]
     Counters(counters_cli::CountersCommand),
@@ -81,7 +86,8 @@ More settings have no flag: set them in the --config file (TOML) or as FLOODGATE
   grpc_tls.{cert_file,key_file,client_ca_file,reload_interval_ms}   TLS and mutual TLS on gRPC
   grpc_unix_socket                     gRPC on a Unix socket instead of grpc_addr
   metrics_addr                         /metrics on a port of its own
-  statsd.{addr,protocol,flush_interval_ms,extra_tags}   upstream's stats to a statsd server
+  statsd.{addr,protocol,flush_interval_ms,extra_tags,format,mogrifiers}
+                                       upstream's stats to a statsd (or DogStatsD) server
   admin_addr, admin_token, admin_tls.* the admin API (counters: get, reset)
   rules_source = \"xds\", xds.{server_url,node_id,node_cluster,ca_file,cert_file,key_file,
     server_name,overlays_file,max_message_bytes,...}   rules over xDS
@@ -91,10 +97,13 @@ More settings have no flag: set them in the --config file (TOML) or as FLOODGATE
     redis_tls_key_file, redis_pool_size, redis_connect_timeout_ms,
     redis_command_timeout_ms, redis_max_wait_ms, redis_key_prefix, redis_breaker_failures,
     redis_breaker_window_ms, redis_breaker_cooldown_ms, redis_local_cache_size   Redis
+  redis_startup.{max_elapsed_ms,initial_interval_ms,max_interval_ms}
+                                       wait for Redis at start, or exit past the bound
   redis_per_second.{backend,url,username,password,sentinel_master,pool_size}
                                        a second Redis for per-second limits' counters
   readiness_follows_backend            /readyz and gRPC health follow Redis' breaker
   readiness_needs_rules                unready while no rule is loaded
+  metrics_response_time_in_milliseconds   upstream's response-time histogram in ms
   memory_max_counters, near_limit_ratio, on_backend_error, request_limits.*,
     connection_limits.*, shutdown_grace   limits and policies
   OTEL_EXPORTER_OTLP_ENDPOINT (and the other OTEL_* variables)   traces over OTLP
@@ -204,7 +213,8 @@ fn main() -> ExitCode {
             init_logging(settings.log_format, "info");
             serve_and_leave(settings)
         }),
-        Command::Ratelimit => serve_upstream_environment(),
+        Command::Ratelimit { explain: true } => explain_upstream_environment(),
+        Command::Ratelimit { explain: false } => serve_upstream_environment(),
         Command::Counters(command) => {
             runtime().and_then(|rt| rt.block_on(counters_cli::run(command)))
         }
@@ -275,6 +285,31 @@ fn serve_upstream_environment() -> anyhow::Result<()> {
         unsafe { std::env::set_var(name, value) };
     }
     serve_and_leave(settings)
+}
+
+/// `floodgate ratelimit --explain`: upstream's variables set in the environment, honoured
+/// or not (with why), and the settings they become (secrets masked).
+fn explain_upstream_environment() -> anyhow::Result<()> {
+    let env: HashMap<String, String> = std::env::vars().collect();
+    let translated = compat::translate(&env)?;
+    println!("honoured:");
+    for name in &translated.honoured {
+        println!("  {name}");
+    }
+    println!("not honoured:");
+    for ignored in &translated.ignored {
+        println!("  {ignored}");
+    }
+    println!("settings:");
+    for (name, value) in &translated.env {
+        let secret = name.ends_with("PASSWORD") || name.ends_with("TOKEN");
+        let value = if secret { "****" } else { value };
+        println!("  {name}={value}");
+    }
+    for (name, value) in &translated.otel {
+        println!("  {name}={value}");
+    }
+    Ok(())
 }
 
 /// Logs at the level `RUST_LOG` names, or `default`.
@@ -620,7 +655,7 @@ async fn backend(
     };
     let backend = match settings.backend {
         BackendKind::Memory => Backend::memory(memory.clone()),
-        kind => remote(redis_store("redis", kind, options.clone(), clock).await?),
+        kind => remote(redis_store("redis", kind, options.clone(), clock, settings).await?),
     };
     let per_second = &settings.redis_per_second;
     let Some(kind) = per_second.backend else {
@@ -638,19 +673,21 @@ async fn backend(
         sentinel_master: per_second.sentinel_master.clone(),
         ..options
     };
-    let store = redis_store("redis_per_second", kind, options, clock)
+    let store = redis_store("redis_per_second", kind, options, clock, settings)
         .await
         .context("redis_per_second")?;
     Ok(backend.with_per_second(remote(store)))
 }
 
 /// A Redis store of `kind`, its scripts loaded when it answers; `role` names it in the log
-/// (`redis`, or `redis_per_second`).
+/// (`redis`, or `redis_per_second`). With `redis_startup.max_elapsed_ms`, the start waits
+/// for it that long at most.
 async fn redis_store(
     role: &'static str,
     kind: BackendKind,
     mut options: RedisOptions,
     clock: &Arc<SystemClock>,
+    settings: &Settings,
 ) -> anyhow::Result<Store> {
     // An empty secret (a Kubernetes Secret key left blank) means no password.
     options.password = options
@@ -666,13 +703,49 @@ async fn redis_store(
         }
         BackendKind::Memory => anyhow::bail!("memory is not a Redis"),
     };
-    let loaded = match &store {
-        Store::Redis(redis) => redis.prepare().await,
-        Store::RedisCluster(cluster) => cluster.load_scripts().await,
-        Store::Memory(_) => Ok(()),
+    let load = || async {
+        match &store {
+            Store::Redis(redis) => redis.prepare().await,
+            Store::RedisCluster(cluster) => cluster.load_scripts().await,
+            Store::Memory(_) => Ok(()),
+        }
     };
-    if let Err(error) = loaded {
+    let Err(error) = load().await else {
+        return Ok(store);
+    };
+    let startup = &settings.redis_startup;
+    if startup.max_elapsed_ms == 0 {
         tracing::warn!(store = role, %error, "could not connect to redis and load the scripts yet");
+        return Ok(store);
+    }
+    // Upstream's start-up retries: wait for Redis, or exit for the orchestrator to see.
+    let started = tokio::time::Instant::now();
+    let longest = Duration::from_millis(startup.max_elapsed_ms);
+    let mut pause = Duration::from_millis(startup.initial_interval_ms);
+    let mut last = error;
+    for tries in 1.. {
+        if started.elapsed() + pause > longest {
+            anyhow::bail!(
+                "{role}: Redis did not answer within redis_startup.max_elapsed_ms ({} ms, {tries} \
+                 tries): {last}",
+                startup.max_elapsed_ms
+            );
+        }
+        tracing::warn!(store = role, error = %last, retry_in_ms = pause.as_millis() as u64, "redis does not answer at start-up; trying again");
+        tokio::time::sleep(pause).await;
+        match load().await {
+            Ok(()) => {
+                // At the level of the failures it follows, so a log that shows them shows this.
+                tracing::warn!(
+                    store = role,
+                    tries = tries + 1,
+                    "redis answered at start-up"
+                );
+                break;
+            }
+            Err(error) => last = error,
+        }
+        pause = (pause * 2).min(Duration::from_millis(startup.max_interval_ms));
     }
     Ok(store)
 }

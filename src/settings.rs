@@ -141,8 +141,120 @@ pub struct StatsdSettings {
     /// How often the changes since the last flush are sent.
     pub flush_interval_ms: u64,
     /// Tags added to every stat, `key:value,key:value` (upstream's `EXTRA_TAGS`), written
-    /// as upstream's client writes them: a `.__key=value` suffix each.
+    /// as upstream's client writes them: a `.__key=value` suffix each (`|#key:value` as
+    /// DogStatsD).
     pub extra_tags: String,
+    /// Plain statsd, or DogStatsD: tags after the value (`|#key:value`), names rewritten by
+    /// `mogrifiers` (upstream's `USE_DOG_STATSD`).
+    pub format: StatsdFormat,
+    /// DogStatsD only: the first whose `pattern` matches a stat's name renames it and adds
+    /// its tags (upstream's `USE_DOG_STATSD_MOGRIFIERS`). In TOML an array of tables; as an
+    /// environment variable, the same array in JSON.
+    #[serde(deserialize_with = "mogrifiers")]
+    pub mogrifiers: Vec<Mogrifier>,
+}
+
+/// How stats are written to the statsd server.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum StatsdFormat {
+    /// `name.__tag=value:1|c`, as upstream's statsd client.
+    #[default]
+    Statsd,
+    /// `name:1|c|#tag:value`, as upstream's DogStatsD client.
+    Dogstatsd,
+}
+
+/// A DogStatsD rename (upstream's mogrifier): a stat whose name `pattern` (a regular
+/// expression) matches is sent as `name` with `tags` (`key:value,key:value`); `$N` in
+/// either stands for the match's Nth group (`$0` the whole match).
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Mogrifier {
+    pub pattern: String,
+    pub name: String,
+    #[serde(default)]
+    pub tags: String,
+}
+
+/// `statsd.mogrifiers`: an array of tables (TOML), or that array as a JSON string (an
+/// environment variable has no arrays).
+fn mogrifiers<'de, D: serde::Deserializer<'de>>(
+    deserializer: D,
+) -> Result<Vec<Mogrifier>, D::Error> {
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum Given {
+        Tables(Vec<Mogrifier>),
+        Json(String),
+    }
+    match Given::deserialize(deserializer)? {
+        Given::Tables(tables) => Ok(tables),
+        Given::Json(text) if text.trim().is_empty() => Ok(Vec::new()),
+        Given::Json(text) => serde_json::from_str(&text)
+            .map_err(|error| serde::de::Error::custom(format!("statsd.mogrifiers: {error}"))),
+    }
+}
+
+/// Why `mogrifier` cannot rename anything: a pattern that does not compile, an empty name,
+/// a tag without key or value (upstream refuses the same at start), or a `$N` past the
+/// pattern's groups.
+fn check_mogrifier(mogrifier: &Mogrifier) -> Result<(), String> {
+    let pattern = regex::Regex::new(&mogrifier.pattern).map_err(|error| error.to_string())?;
+    if mogrifier.name.is_empty() {
+        return Err("no name".into());
+    }
+    let mut templates = vec![mogrifier.name.as_str()];
+    for tag in mogrifier
+        .tags
+        .split(',')
+        .filter(|tag| !tag.trim().is_empty())
+    {
+        match tag.split_once(':') {
+            Some((key, value)) if !key.trim().is_empty() && !value.trim().is_empty() => {
+                templates.push(value);
+            }
+            _ => return Err(format!("tag {tag:?} is not key:value")),
+        }
+    }
+    for template in templates {
+        let groups = template.split('$').skip(1).filter_map(|after| {
+            let digits = after
+                .find(|c: char| !c.is_ascii_digit())
+                .unwrap_or(after.len());
+            after[..digits].parse::<usize>().ok()
+        });
+        if let Some(group) = groups.max().filter(|&g| g >= pattern.captures_len()) {
+            return Err(format!(
+                "{template:?} names group {group}, which the pattern lacks"
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// Waiting for Redis at start-up (upstream's `REDIS_STARTUP_*`).
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct RedisStartup {
+    /// The longest the start waits for Redis to answer; past it the process exits with an
+    /// error. 0: no wait: floodgate serves at once, each rule's `on_backend_error`
+    /// answering until Redis does.
+    pub max_elapsed_ms: u64,
+    /// The pause after the first try that fails, doubled after each failure up to
+    /// `max_interval_ms`.
+    pub initial_interval_ms: u64,
+    pub max_interval_ms: u64,
+}
+
+impl Default for RedisStartup {
+    fn default() -> Self {
+        RedisStartup {
+            max_elapsed_ms: 0,
+            initial_interval_ms: 500,
+            max_interval_ms: 5_000,
+        }
+    }
 }
 
 impl Default for StatsdSettings {
@@ -152,6 +264,8 @@ impl Default for StatsdSettings {
             protocol: StatsdProtocol::Tcp,
             flush_interval_ms: 10_000,
             extra_tags: String::new(),
+            format: StatsdFormat::Statsd,
+            mogrifiers: Vec::new(),
         }
     }
 }
@@ -398,6 +512,7 @@ pub struct Settings {
     /// Counters Redis reported exhausted that are remembered locally, and answered without
     /// Redis, until their quota returns (0 disables the cache).
     pub redis_local_cache_size: usize,
+    pub redis_startup: RedisStartup,
     /// Global shadow mode: the overall code is never OVER_LIMIT.
     pub shadow_mode: bool,
     /// Hits above this share of a limit count as near it (`ratelimit_service_rate_limit_
@@ -428,6 +543,10 @@ pub struct Settings {
     /// xDS server's first snapshot not come yet, an empty rules directory (upstream's
     /// `HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED`).
     pub readiness_needs_rules: bool,
+    /// `/metrics`' `ratelimit_service_response_time_seconds` in milliseconds, as
+    /// envoyproxy/ratelimit's mapping wrote it before it was fixed to seconds (upstream's
+    /// `PROMETHEUS_RESPONSE_TIME_AS_MILLISECONDS`), for dashboards built on those values.
+    pub metrics_response_time_in_milliseconds: bool,
 }
 
 /// `on_backend_error` as a settings value.
@@ -508,6 +627,7 @@ impl Default for Settings {
             redis_breaker_window_ms: 1000,
             redis_breaker_cooldown_ms: 500,
             redis_local_cache_size: 100_000,
+            redis_startup: RedisStartup::default(),
             shadow_mode: false,
             near_limit_ratio: 0.8,
             quota_mode: false,
@@ -522,6 +642,7 @@ impl Default for Settings {
             shutdown_grace: 10,
             readiness_follows_backend: false,
             readiness_needs_rules: false,
+            metrics_response_time_in_milliseconds: false,
         }
     }
 }
@@ -542,7 +663,8 @@ impl Overrides {
 
 /// Settings whose environment value is taken as written: the environment layer otherwise
 /// reads numbers and booleans, which would turn a password `0123` into `123`.
-const VERBATIM: [&str; 5] = [
+const VERBATIM: [&str; 6] = [
+    "statsd.mogrifiers",
     "redis_username",
     "redis_password",
     "redis_per_second.username",
@@ -604,6 +726,22 @@ impl Settings {
                 "near_limit_ratio must be between 0 and 1, got {}",
                 settings.near_limit_ratio
             )));
+        }
+        for mogrifier in &settings.statsd.mogrifiers {
+            check_mogrifier(mogrifier).map_err(|why| {
+                config::ConfigError::Message(format!(
+                    "statsd.mogrifiers: pattern {:?}: {why}",
+                    mogrifier.pattern
+                ))
+            })?;
+        }
+        let startup = &settings.redis_startup;
+        if startup.max_elapsed_ms > 0
+            && (startup.initial_interval_ms == 0 || startup.max_interval_ms == 0)
+        {
+            return Err(config::ConfigError::Message(
+                "redis_startup: initial_interval_ms and max_interval_ms must be above 0".into(),
+            ));
         }
         if let Some(max_wait) = settings.redis_max_wait_ms
             && max_wait < settings.redis_command_timeout_ms
@@ -869,5 +1007,36 @@ mod tests {
         std::fs::write(&file, "shadow_mod = true\n").unwrap();
         let error = Settings::load_from(Some(&file), env(&[]), Overrides::default()).unwrap_err();
         assert!(error.to_string().contains("shadow_mod"), "{error}");
+    }
+
+    #[test]
+    fn mogrifiers_come_from_json_in_the_environment_and_bad_ones_stop_the_start() {
+        let load = |json: &str| {
+            let env = [("FLOODGATE_STATSD__MOGRIFIERS".to_owned(), json.to_owned())];
+            Settings::load_from(None, env, Overrides::default())
+        };
+        let loaded =
+            load(r#"[{"pattern": "^a\\.(.*)$", "name": "b.$1", "tags": "k:$1"}]"#).expect("loads");
+        assert_eq!(
+            loaded.statsd.mogrifiers,
+            [Mogrifier {
+                pattern: "^a\\.(.*)$".into(),
+                name: "b.$1".into(),
+                tags: "k:$1".into(),
+            }]
+        );
+        for (json, why) in [
+            (r#"[{"pattern": "(", "name": "b"}]"#, "regex"),
+            (r#"[{"pattern": "^a$", "name": ""}]"#, "no name"),
+            (r#"[{"pattern": "^(a)$", "name": "b.$2"}]"#, "group 2"),
+            (
+                r#"[{"pattern": "^a$", "name": "b", "tags": "k:"}]"#,
+                "not key:value",
+            ),
+            (r#"[{"pattern": "^a$"}]"#, "name"),
+        ] {
+            let error = load(json).expect_err(json).to_string();
+            assert!(error.contains(why), "{json}: {error}");
+        }
     }
 }

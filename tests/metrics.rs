@@ -885,3 +885,53 @@ descriptors:
     let named = page.matches("user_").count();
     assert!(named > 100, "request-labelled series exist: {named}");
 }
+
+/// The response-time sample `suffix` (`_count`, `_sum`, or `_bucket` with `le`) of
+/// upstream's `ratelimit_service_response_time_seconds`, from `page`.
+fn response_time(page: &str, suffix: &str, le: Option<&str>) -> Option<f64> {
+    let labels = match le {
+        Some(le) => format!("{{grpc_method=\"ShouldRateLimit\",le=\"{le}\"}}"),
+        None => "{grpc_method=\"ShouldRateLimit\"}".to_owned(),
+    };
+    let name = format!("ratelimit_service_response_time_seconds{suffix}{labels} ");
+    (page.lines()).find_map(|line| line.strip_prefix(&name)?.parse().ok())
+}
+
+/// Upstream's response-time histogram, in seconds, or in milliseconds as upstream's
+/// mapping wrote it before its fix (`metrics_response_time_in_milliseconds`, upstream's
+/// `PROMETHEUS_RESPONSE_TIME_AS_MILLISECONDS`): the same calls, bounds and sum 1,000
+/// times larger.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn upstreams_response_time_is_in_seconds_or_milliseconds_as_asked() {
+    for milliseconds in [false, true] {
+        let setting = milliseconds.to_string();
+        let server = Floodgate::start_with_env(
+            &[("rules.yaml", RULES)],
+            &[],
+            &[("FLOODGATE_METRICS_RESPONSE_TIME_IN_MILLISECONDS", &setting)],
+        );
+        for _ in 0..3 {
+            server
+                .ask(request("shop", vec![descriptor(&[("user_id", "u")])]))
+                .await;
+        }
+        let (_, page) = server.http("GET", "/metrics", "");
+        assert_eq!(response_time(&page, "_count", None), Some(3.0), "{page}");
+        // The largest bound and the smallest: 1 s and 1 µs, in the unit asked for.
+        let (top, absent) = if milliseconds {
+            ("1000", "0.000001")
+        } else {
+            ("1", "1000")
+        };
+        assert_eq!(response_time(&page, "_bucket", Some(top)), Some(3.0));
+        assert_eq!(response_time(&page, "_bucket", Some(absent)), None);
+        let sum = response_time(&page, "_sum", None).expect("a sum");
+        // Three answers in memory: well under a second each, and above a microsecond.
+        let (low, high) = if milliseconds {
+            (3e-3, 3e3)
+        } else {
+            (3e-6, 3.0)
+        };
+        assert!(sum > low && sum < high, "sum {sum} in ({low}, {high})");
+    }
+}

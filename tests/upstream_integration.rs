@@ -1009,6 +1009,55 @@ async fn extra_tags_are_sent_with_upstreams_stats() {
     });
 }
 
+/// `USE_DOG_STATSD`: the same stats as DogStatsD lines, tags after the value (`EXTRA_TAGS`
+/// first, then what the mogrifier of upstream's README example draws from the name), the
+/// names it does not match left as they are.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dogstatsd_sends_tags_after_the_value_and_mogrifies_names() {
+    let mut statsd = StatsdServer::start("udp");
+    let variant = Variant {
+        upstream: "USE_DOG_STATSD with USE_DOG_STATSD_MOGRIFIERS",
+        redis: MAIN_PLAIN,
+        env: &[],
+    };
+    let deployment = Deployment::start(&variant);
+    let server = with_statsd(
+        &deployment,
+        &statsd,
+        &[
+            ("USE_DOG_STATSD", "true"),
+            ("EXTRA_TAGS", "foo:bar"),
+            ("USE_DOG_STATSD_MOGRIFIERS", "DESCRIPTOR"),
+            (
+                "DOG_STATSD_MOGRIFIER_DESCRIPTOR_PATTERN",
+                r"^ratelimit\.service\.rate_limit\.([^.]+)\.([^.]+)\.([^.]+)$",
+            ),
+            (
+                "DOG_STATSD_MOGRIFIER_DESCRIPTOR_NAME",
+                "ratelimit.service.rate_limit.$3",
+            ),
+            (
+                "DOG_STATSD_MOGRIFIER_DESCRIPTOR_TAGS",
+                "domain:$1,descriptor:$2",
+            ),
+        ],
+    );
+    let mut client = client(&server).await;
+    ask(&mut client, "basic", &[("key1", "foo")]).await;
+    ask(&mut client, "basic", &[("key1", "foo")]).await;
+    let hits = "ratelimit.service.rate_limit.total_hits|#foo:bar,domain:basic,descriptor:key1";
+    let loads = "ratelimit.service.config_load_success|#foo:bar";
+    let timer = "ratelimit_server.ShouldRateLimit.response_time|#foo:bar";
+    statsd.receive_until(Duration::from_secs(10), |received| {
+        received.counter(hits) == 2 && received.counter(loads) == 1 && received.timed(timer) >= 2.0
+    });
+    assert!(
+        !(statsd.received.counters.keys()).any(|name| name.contains(".__")),
+        "no tag is left in a name: {:?}",
+        statsd.received.counters
+    );
+}
+
 /// Upstream's local-cache gauges (`ratelimit.localcache.*`, freecache's counts): a limit
 /// of 20 a minute asked 25 times finds its counter in the cache from the 22nd request on.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -55,8 +55,21 @@ impl Exposition {
 
     /// A histogram's `_bucket` lines (with `+Inf`), `_sum` in seconds and `_count`.
     pub fn histogram(&mut self, name: &str, labels: &[(&str, &str)], snapshot: &Snapshot) {
+        self.histogram_scaled(name, labels, snapshot, 1);
+    }
+
+    /// [`Exposition::histogram`] with its bounds and sum `scale` times what they are in
+    /// seconds (1,000: milliseconds).
+    pub fn histogram_scaled(
+        &mut self,
+        name: &str,
+        labels: &[(&str, &str)],
+        snapshot: &Snapshot,
+        scale: u32,
+    ) {
+        let scale = u128::from(scale);
         for (bound, count) in BOUNDS_MICROS.iter().zip(snapshot.cumulative) {
-            let le = seconds(u128::from(*bound) * 1_000);
+            let le = seconds(u128::from(*bound) * 1_000 * scale);
             let _ = write!(self.out, "{name}_bucket");
             self.labels(labels, Some(&le));
             let _ = writeln!(self.out, " {count}");
@@ -66,7 +79,8 @@ impl Exposition {
         let _ = writeln!(self.out, " {}", snapshot.count);
         let _ = write!(self.out, "{name}_sum");
         self.labels(labels, None);
-        let _ = writeln!(self.out, " {}", seconds(u128::from(snapshot.sum_nanos)));
+        let sum = u128::from(snapshot.sum_nanos) * scale;
+        let _ = writeln!(self.out, " {}", seconds(sum));
         let _ = write!(self.out, "{name}_count");
         self.labels(labels, None);
         let _ = writeln!(self.out, " {}", snapshot.count);

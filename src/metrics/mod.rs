@@ -70,6 +70,9 @@ const RULE_COUNTS: [RuleCount; 6] = [
 #[derive(Debug)]
 pub struct Metrics {
     near_limit_ratio: f64,
+    /// `ratelimit_service_response_time_seconds` in milliseconds (upstream's mapping before
+    /// its fix), for dashboards built on those values.
+    response_time_in_milliseconds: bool,
     rules: RuleRegistry,
     requests: [RequestStats; Endpoint::ALL.len()],
     config_loads: ConfigLoads,
@@ -93,9 +96,10 @@ pub const OTHER_DOMAINS: &str = "__other__";
 
 impl Metrics {
     /// `near_limit_ratio`: the share of a limit above which hits count as near it.
-    pub fn new(near_limit_ratio: f64) -> Self {
+    pub fn new(near_limit_ratio: f64, response_time_in_milliseconds: bool) -> Self {
         Metrics {
             near_limit_ratio,
+            response_time_in_milliseconds,
             rules: RuleRegistry::default(),
             requests: Default::default(),
             config_loads: ConfigLoads::default(),
@@ -411,6 +415,27 @@ impl Metrics {
             ];
             page.histogram(name, &labels, &self.requests(endpoint).duration.snapshot());
         }
+
+        // Upstream's statsd mapping turns its `ratelimit_server.<method>.response_time`
+        // timer into this family: the same observations as ShouldRateLimit's above.
+        let name = "ratelimit_service_response_time_seconds";
+        let (help, scale) = if self.response_time_in_milliseconds {
+            (
+                "Time to answer a ShouldRateLimit call, in milliseconds despite the name \
+                 (metrics_response_time_in_milliseconds, as upstream's mapping once wrote it).",
+                1_000,
+            )
+        } else {
+            ("Time to answer a ShouldRateLimit call.", 1)
+        };
+        page.family(name, Kind::Histogram, help);
+        let duration = &self.requests(Endpoint::GrpcShouldRateLimit).duration;
+        page.histogram_scaled(
+            name,
+            &[("grpc_method", "ShouldRateLimit")],
+            &duration.snapshot(),
+            scale,
+        );
     }
 }
 
@@ -633,7 +658,7 @@ mod tests {
 
     #[test]
     fn unknown_domains_past_the_cap_or_longer_than_the_rules_are_counted_as_one() {
-        let metrics = Metrics::new(0.8);
+        let metrics = Metrics::new(0.8, false);
         metrics.record_domain_not_found(&"x".repeat(100_000), 8);
         metrics.record_domain_not_found("shop", 8);
         for domain in 0..MAX_UNKNOWN_DOMAINS + 5 {

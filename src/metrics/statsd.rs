@@ -11,18 +11,27 @@
 //!   (1,000) of them, a uniform sample with statsd's sample
 //!   rate (`|@0.25`), which the server scales back up, where upstream sends every value.
 //!
+//! With `statsd.format = "dogstatsd"` (upstream's `USE_DOG_STATSD`) tags follow the value
+//! instead (`name:1|c|#key:value`), and each name is first offered to `statsd.mogrifiers`:
+//! the first whose pattern matches renames it and adds its tags, as upstream's DogStatsD
+//! sink does.
+//!
 //! Over TCP (upstream's default) one connection is kept and opened again after a failure;
 //! over UDP the lines go in datagrams of at most `DATAGRAM` bytes. A flush that fails
 //! loses no count (its changes go with the next one); its gauges and timer values are not
 //! sent again.
 
+use std::borrow::Cow;
 use std::collections::HashMap;
+use std::fmt::Display;
 use std::time::Duration;
+
+use regex::Regex;
 
 use tokio::io::AsyncWriteExt;
 use tokio::net::{TcpStream, UdpSocket};
 
-use crate::settings::{StatsdProtocol, StatsdSettings};
+use crate::settings::{Mogrifier, StatsdFormat, StatsdProtocol, StatsdSettings};
 
 /// The most bytes of one UDP datagram: what fits an Ethernet frame without fragmenting.
 const DATAGRAM: usize = 1432;
@@ -57,7 +66,7 @@ pub fn spawn(
     let mut sink = Sink {
         addr,
         protocol: settings.protocol,
-        suffix: tag_suffix(&settings.extra_tags),
+        style: Style::new(settings),
         sent: HashMap::new(),
         connection: None,
         datagram_socket: None,
@@ -71,7 +80,11 @@ pub fn spawn(
         let mut health = Health::Working;
         loop {
             ticks.tick().await;
-            let flushed = sink.flush(report()).await;
+            let flushed = match sink.flush(report()).await {
+                // Nothing went out: no sign either way.
+                Ok(false) => continue,
+                flushed => flushed.map(drop),
+            };
             if let Err(error) = health.after(flushed) {
                 tracing::warn!(addr = %sink.addr, %error, "statsd: could not send the stats; trying again at each flush (logged again once it has worked)");
             }
@@ -80,7 +93,9 @@ pub fn spawn(
 }
 
 /// Whether the statsd server takes the stats, for the log: a failure is logged once, and
-/// again only after the stats went out for [`WORKED`] flushes in a row. A datagram to a
+/// again only after the stats went out for [`WORKED`] flushes in a row (a flush with nothing
+/// to send counts neither way: on a quiet server those came between failures, and three of
+/// them logged the same refusal twice in 2 s). A datagram to a
 /// closed UDP port fails only the send after the one that drew the refusal, so one flush in
 /// two "works" there; one success is no sign that it works again.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -123,16 +138,122 @@ impl Health {
 /// `key:value,key:value` as upstream's client writes tags on a plain statsd name:
 /// `.__key=value` each, in the order given.
 fn tag_suffix(tags: &str) -> String {
+    tag_pairs(tags)
+        .map(|(key, value)| format!(".__{key}={value}"))
+        .collect()
+}
+
+/// The `(key, value)` pairs of `key:value,key:value`.
+fn tag_pairs(tags: &str) -> impl Iterator<Item = (&str, &str)> {
     (tags.split(','))
         .filter_map(|tag| tag.split_once(':'))
-        .map(|(key, value)| format!(".__{}={}", key.trim(), value.trim()))
-        .collect()
+        .map(|(key, value)| (key.trim(), value.trim()))
+}
+
+/// How one stat is written: statsd's name with its tags in it, or DogStatsD's tags after
+/// the value.
+enum Style {
+    Statsd {
+        /// The extra tags, `.__key=value` each.
+        suffix: String,
+    },
+    Dogstatsd {
+        /// The extra tags, `key:value` each.
+        tags: Vec<String>,
+        mogrifiers: Vec<Mogrify>,
+    },
+}
+
+/// A mogrifier with its pattern compiled.
+struct Mogrify {
+    pattern: Regex,
+    name: String,
+    tags: Vec<(String, String)>,
+}
+
+impl Style {
+    /// The style `settings` ask for. Settings checked the patterns at load.
+    fn new(settings: &StatsdSettings) -> Style {
+        match settings.format {
+            StatsdFormat::Statsd => Style::Statsd {
+                suffix: tag_suffix(&settings.extra_tags),
+            },
+            StatsdFormat::Dogstatsd => Style::Dogstatsd {
+                tags: (tag_pairs(&settings.extra_tags))
+                    .map(|(key, value)| format!("{key}:{value}"))
+                    .collect(),
+                mogrifiers: (settings.mogrifiers.iter())
+                    .filter_map(Mogrify::new)
+                    .collect(),
+            },
+        }
+    }
+
+    /// One line: `name`'s `value` of statsd type `kind` (`c`, `g`, `ms`), with `rate` (empty,
+    /// or `|@0.25`).
+    fn line(&self, name: &str, value: impl Display, kind: &str, rate: &str) -> String {
+        match self {
+            Style::Statsd { suffix } => format!("{name}{suffix}:{value}|{kind}{rate}\n"),
+            Style::Dogstatsd { tags, mogrifiers } => {
+                let (name, added) = (mogrifiers.iter())
+                    .find_map(|mogrify| mogrify.apply(name))
+                    .unwrap_or((Cow::Borrowed(name), Vec::new()));
+                let all: Vec<&str> = (tags.iter().chain(&added)).map(String::as_str).collect();
+                if all.is_empty() {
+                    format!("{name}:{value}|{kind}{rate}\n")
+                } else {
+                    format!("{name}:{value}|{kind}{rate}|#{}\n", all.join(","))
+                }
+            }
+        }
+    }
+}
+
+impl Mogrify {
+    fn new(mogrifier: &Mogrifier) -> Option<Mogrify> {
+        Some(Mogrify {
+            pattern: Regex::new(&mogrifier.pattern).ok()?,
+            name: mogrifier.name.clone(),
+            tags: (tag_pairs(&mogrifier.tags))
+                .map(|(key, value)| (key.to_owned(), value.to_owned()))
+                .collect(),
+        })
+    }
+
+    /// `name` renamed, with this mogrifier's tags, when the pattern matches it.
+    fn apply(&self, name: &str) -> Option<(Cow<'static, str>, Vec<String>)> {
+        let groups = self.pattern.captures(name)?;
+        let fill = |template: &str| substitute(template, &groups);
+        let tags = (self.tags.iter())
+            .map(|(key, value)| format!("{key}:{}", fill(value)))
+            .collect();
+        Some((Cow::Owned(fill(&self.name)), tags))
+    }
+}
+
+/// `template` with each `$N` replaced by group N of `groups` (empty when it took no part).
+fn substitute(template: &str, groups: &regex::Captures<'_>) -> String {
+    let mut out = String::with_capacity(template.len());
+    let mut rest = template;
+    while let Some(at) = rest.find('$') {
+        out.push_str(&rest[..at]);
+        let digits = rest[at + 1..]
+            .find(|c: char| !c.is_ascii_digit())
+            .unwrap_or(rest.len() - at - 1);
+        match rest[at + 1..at + 1 + digits].parse::<usize>() {
+            Ok(group) => out.push_str(groups.get(group).map_or("", |m| m.as_str())),
+            Err(_) => out.push('$'),
+        }
+        rest = &rest[at + 1 + digits..];
+    }
+    out.push_str(rest);
+    out
 }
 
 struct Sink {
     addr: String,
     protocol: StatsdProtocol,
-    suffix: String,
+    style: Style,
     /// The totals the server has been sent.
     sent: HashMap<String, u64>,
     connection: Option<TcpStream>,
@@ -143,21 +264,20 @@ struct Sink {
 
 impl Sink {
     /// Sends the counts' changes since the last flush that went out, the gauges and the
-    /// timers' values.
-    async fn flush(&mut self, report: Report) -> std::io::Result<()> {
+    /// timers' values; whether there was anything to send.
+    async fn flush(&mut self, report: Report) -> std::io::Result<bool> {
         let mut lines = self.changes(&report.counters);
-        let suffix = &self.suffix;
         for (name, value) in &report.gauges {
-            lines.push(format!("{name}{suffix}:{value}|g\n"));
+            lines.push(self.style.line(name, value, "g", ""));
         }
         for timer in &report.timers {
-            lines.extend(timer_lines(timer, suffix));
+            lines.extend(timer_lines(timer, &self.style));
         }
         if !lines.is_empty() {
             self.send(&lines).await?;
         }
         self.sent.extend(report.counters);
-        Ok(())
+        Ok(!lines.is_empty())
     }
 
     /// One `name:change|c` line per count whose total moved.
@@ -165,7 +285,7 @@ impl Sink {
         (totals.iter())
             .filter_map(|(name, total)| {
                 let change = total.saturating_sub(self.sent.get(name).copied().unwrap_or(0));
-                (change > 0).then(|| format!("{name}{}:{change}|c\n", self.suffix))
+                (change > 0).then(|| self.style.line(name, change, "c", ""))
             })
             .collect()
     }
@@ -215,16 +335,15 @@ impl Sink {
 
 /// One `name:value|ms` line per value of `timer`, with the sample rate when they are a
 /// sample of more.
-fn timer_lines(timer: &Timer, suffix: &str) -> Vec<String> {
+fn timer_lines(timer: &Timer, style: &Style) -> Vec<String> {
     let kept = timer.values.len() as u64;
     let rate = if kept < timer.recorded {
         format!("|@{}", kept as f64 / timer.recorded as f64)
     } else {
         String::new()
     };
-    let name = &timer.name;
     (timer.values.iter())
-        .map(|value| format!("{name}{suffix}:{value}|ms{rate}\n"))
+        .map(|value| style.line(&timer.name, value, "ms", &rate))
         .collect()
 }
 
@@ -253,8 +372,11 @@ mod tests {
             values: vec![120, 80],
             recorded: 2,
         };
+        let tagged = Style::Statsd {
+            suffix: ".__a=b".into(),
+        };
         assert_eq!(
-            timer_lines(&all, ".__a=b"),
+            timer_lines(&all, &tagged),
             ["t.__a=b:120|ms\n", "t.__a=b:80|ms\n"]
         );
         let sample = Timer {
@@ -262,7 +384,10 @@ mod tests {
             values: vec![120],
             recorded: 4,
         };
-        assert_eq!(timer_lines(&sample, ""), ["t:120|ms|@0.25\n"]);
+        let plain = Style::Statsd {
+            suffix: String::new(),
+        };
+        assert_eq!(timer_lines(&sample, &plain), ["t:120|ms|@0.25\n"]);
     }
 
     #[test]
@@ -276,7 +401,9 @@ mod tests {
         let mut sink = Sink {
             addr: String::new(),
             protocol: StatsdProtocol::Udp,
-            suffix: ".__env=prod".into(),
+            style: Style::Statsd {
+                suffix: ".__env=prod".into(),
+            },
             sent: HashMap::new(),
             connection: None,
             datagram_socket: None,
@@ -292,6 +419,73 @@ mod tests {
             ("a.over_limit".to_owned(), 0),
         ];
         assert_eq!(sink.changes(&later), ["a.total_hits.__env=prod:2|c\n"]);
+    }
+
+    fn dogstatsd(extra_tags: &str, mogrifiers: &[(&str, &str, &str)]) -> Style {
+        Style::new(&StatsdSettings {
+            format: StatsdFormat::Dogstatsd,
+            extra_tags: extra_tags.into(),
+            mogrifiers: (mogrifiers.iter())
+                .map(|(pattern, name, tags)| Mogrifier {
+                    pattern: (*pattern).into(),
+                    name: (*name).into(),
+                    tags: (*tags).into(),
+                })
+                .collect(),
+            ..StatsdSettings::default()
+        })
+    }
+
+    #[test]
+    fn dogstatsd_puts_the_tags_after_the_value() {
+        let style = dogstatsd("env:prod,zone:eu", &[]);
+        assert_eq!(
+            style.line("ratelimit.service.config_load_success", 1, "c", ""),
+            "ratelimit.service.config_load_success:1|c|#env:prod,zone:eu\n"
+        );
+        assert_eq!(
+            style.line("t", 120, "ms", "|@0.5"),
+            "t:120|ms|@0.5|#env:prod,zone:eu\n"
+        );
+        let untagged = dogstatsd("", &[]);
+        assert_eq!(untagged.line("g", 3, "g", ""), "g:3|g\n");
+    }
+
+    #[test]
+    fn the_first_matching_mogrifier_renames_and_tags() {
+        let style = dogstatsd(
+            "env:prod",
+            &[
+                (
+                    r"^ratelimit\.service\.rate_limit\.(.*)\.(.*)\.(.*)$",
+                    "ratelimit.service.rate_limit.$3",
+                    "domain:$1,descriptor:$2",
+                ),
+                (r"^ratelimit\.(.*)$", "never.$1", ""),
+            ],
+        );
+        assert_eq!(
+            style.line(
+                "ratelimit.service.rate_limit.mongo_cps.database_users.within_limit",
+                4,
+                "c",
+                ""
+            ),
+            "ratelimit.service.rate_limit.within_limit:4|c|#env:prod,domain:mongo_cps,descriptor:database_users\n"
+        );
+        assert_eq!(
+            style.line("ratelimit.service.config_load_success", 1, "c", ""),
+            "never.service.config_load_success:1|c|#env:prod\n"
+        );
+        assert_eq!(style.line("other", 1, "c", ""), "other:1|c|#env:prod\n");
+    }
+
+    #[test]
+    fn a_template_takes_groups_by_number() {
+        let groups = Regex::new(r"(a)(b)?-(c)").unwrap();
+        let found = groups.captures("a-c").unwrap();
+        assert_eq!(substitute("$1/$2/$3/$0/$", &found), "a//c/a-c/$");
+        assert_eq!(substitute("x$10y", &found), "xy");
     }
 
     #[test]

@@ -54,6 +54,8 @@ pub struct ServiceOptions {
     /// The most a request waits for its backend, whatever its caller's deadline
     /// (`redis_max_wait_ms`).
     pub backend_max_wait: Duration,
+    /// Upstream's response-time histogram on `/metrics` in milliseconds, not seconds.
+    pub response_time_in_milliseconds: bool,
 }
 
 impl ServiceOptions {
@@ -69,6 +71,7 @@ impl ServiceOptions {
             request_limits: settings.request_limits,
             near_limit_ratio: settings.near_limit_ratio,
             backend_max_wait: settings.redis_max_wait(),
+            response_time_in_milliseconds: settings.metrics_response_time_in_milliseconds,
         }
     }
 
@@ -152,7 +155,10 @@ impl RateLimiter {
         local: Arc<MemoryBackend>,
         options: ServiceOptions,
     ) -> Self {
-        let metrics = Metrics::new(options.near_limit_ratio);
+        let metrics = Metrics::new(
+            options.near_limit_ratio,
+            options.response_time_in_milliseconds,
+        );
         metrics.config_loads().record(true);
         RateLimiter {
             rules: ArcSwap::from_pointee(rules),

@@ -31,7 +31,8 @@ impl Received {
             .sum()
     }
 
-    /// Adds one statsd line; panics on a line a statsd server would refuse.
+    /// Adds one statsd line; panics on a line a statsd server would refuse. A DogStatsD
+    /// line's tags (`|#a:b,c:d`) are kept with its name, as `name|#a:b,c:d`.
     fn add(&mut self, line: &str) {
         let (name, rest) = line.split_once(':').expect("name:value|type");
         let mut parts = rest.split('|');
@@ -39,14 +40,22 @@ impl Received {
             .parse()
             .unwrap_or_else(|_| panic!("a whole number in {line:?}"));
         let kind = parts.next().unwrap_or_default();
-        let rate = match parts.next() {
-            Some(rate) => (rate.strip_prefix('@'))
-                .and_then(|rate| rate.parse::<f64>().ok())
-                .filter(|rate| *rate > 0.0 && *rate <= 1.0)
-                .unwrap_or_else(|| panic!("a sample rate in {line:?}")),
-            None => 1.0,
-        };
-        let name = name.to_owned();
+        let mut rate = 1.0;
+        let mut name = name.to_owned();
+        for part in parts {
+            if let Some(tags) = part.strip_prefix('#') {
+                assert!(
+                    tags.split(',').all(|tag| tag.split_once(':').is_some()),
+                    "DogStatsD tags are key:value in {line:?}"
+                );
+                name = format!("{name}|#{tags}");
+            } else {
+                rate = (part.strip_prefix('@'))
+                    .and_then(|rate| rate.parse::<f64>().ok())
+                    .filter(|rate| *rate > 0.0 && *rate <= 1.0)
+                    .unwrap_or_else(|| panic!("a sample rate in {line:?}"));
+            }
+        }
         match kind {
             "c" => *self.counters.entry(name).or_default() += value,
             "g" => drop(self.gauges.insert(name, value)),
