@@ -5,8 +5,8 @@
 //! - `GET /readyz`: 200 while serving, 503 once shutdown began (and, with
 //!   `readiness_follows_backend`, while the backend fails: [`Readiness`], which the server
 //!   chooses); the body says the backend's state.
-//! - `GET /healthcheck`: `/readyz` under envoyproxy/ratelimit's name (Envoy Gateway's and
-//!   Istio's probes ask it).
+//! - `GET /healthcheck`: `/readyz` as envoyproxy/ratelimit answers it (Envoy Gateway's and
+//!   Istio's probes ask it): 200 `OK`, or 500 with the reason.
 //! - `POST /json`: a protobuf-JSON `RateLimitRequest`, whatever the `content-type` says
 //!   ([`crate::json_body`]); 200 OK, 429 over limit, 400 bad request (with the reason), 503
 //!   backend unavailable; the body is the JSON response.
@@ -72,7 +72,7 @@ pub fn router(state: HttpState) -> Router {
     Router::new()
         .route("/healthz", get(|| async { "ok\n" }))
         .route("/readyz", get(readyz))
-        .route("/healthcheck", get(readyz))
+        .route("/healthcheck", get(healthcheck))
         .route("/json", post(json))
         .route("/rlconfig", get(rlconfig))
         .route("/metrics", get(metrics_page))
@@ -88,8 +88,25 @@ pub fn metrics_router(state: HttpState) -> Router {
 
 /// Ready while serving; the body's second line is the backend's state either way.
 async fn readyz(State(state): State<HttpState>) -> Response {
+    match readiness(&state) {
+        Ok(backend) => (StatusCode::OK, format!("ready\n{backend}\n")).into_response(),
+        Err(why) => (StatusCode::SERVICE_UNAVAILABLE, why).into_response(),
+    }
+}
+
+/// `/readyz` as envoyproxy/ratelimit answers its health check: 200 `OK`, or 500.
+async fn healthcheck(State(state): State<HttpState>) -> Response {
+    match readiness(&state) {
+        Ok(_) => (StatusCode::OK, "OK").into_response(),
+        Err(why) => (StatusCode::INTERNAL_SERVER_ERROR, why).into_response(),
+    }
+}
+
+/// The backend's state when the server is ready; why not (with the backend's state)
+/// otherwise.
+fn readiness(state: &HttpState) -> Result<&'static str, String> {
     if !state.ready.load(Ordering::Acquire) {
-        return (StatusCode::SERVICE_UNAVAILABLE, "shutting down\n").into_response();
+        return Err("shutting down\n".into());
     }
     let backend_up = state.limiter.backend().healthy();
     let backend = if backend_up {
@@ -98,11 +115,10 @@ async fn readyz(State(state): State<HttpState>) -> Response {
         "backend: circuit open (each rule's on_backend_error answers)"
     };
     let has_rules = !state.limiter.rules().domains.is_empty();
-    if let Some(why) = state.readiness.unready_because(backend_up, has_rules) {
-        let body = format!("{why}\n{backend}\n");
-        return (StatusCode::SERVICE_UNAVAILABLE, body).into_response();
+    match state.readiness.unready_because(backend_up, has_rules) {
+        Some(why) => Err(format!("{why}\n{backend}\n")),
+        None => Ok(backend),
     }
-    (StatusCode::OK, format!("ready\n{backend}\n")).into_response()
 }
 
 async fn rlconfig(State(state): State<HttpState>) -> String {

@@ -233,6 +233,7 @@ async fn grpc_services(
     health
         .set_serving::<RateLimitQuotaServiceServer<QuotaService>>()
         .await;
+    (health.set_service_status(UPSTREAM_HEALTH_NAME, tonic_health::ServingStatus::Serving)).await;
     // Both versions, as grpc-go registers them: grpcio-reflection's client and several GUI
     // clients speak only v1alpha.
     let reflection = || {
@@ -509,12 +510,19 @@ fn starts_ready(limiter: &RateLimiter, readiness: Readiness) -> bool {
     readiness.unready_because(true, has_rules).is_none()
 }
 
-/// Sets the overall status and the rate-limit services'.
+/// The gRPC health service name envoyproxy/ratelimit reports under.
+const UPSTREAM_HEALTH_NAME: &str = "ratelimit";
+
+/// Sets the overall status, the rate-limit services' and upstream's name for them.
 async fn set_health(
     health: &tonic_health::server::HealthReporter,
     status: tonic_health::ServingStatus,
 ) {
     health.set_service_status("", status).await;
+    // envoyproxy/ratelimit reports its health under the name `ratelimit` too.
+    health
+        .set_service_status(UPSTREAM_HEALTH_NAME, status)
+        .await;
     for service in [
         <RateLimitServiceServer<GrpcService> as tonic::server::NamedService>::NAME,
         <RateLimitQuotaServiceServer<QuotaService> as tonic::server::NamedService>::NAME,

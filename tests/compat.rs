@@ -89,7 +89,7 @@ async fn started_as_ratelimit_it_serves_upstreams_file_environment() {
     assert_ne!(keys, "0", "counted in Redis");
 
     let (status, body) = harness::http(upstream.http, "GET", "/healthcheck", "");
-    assert_eq!((status, body.lines().next()), (200, Some("ready")));
+    assert_eq!((status, body.lines().next()), (200, Some("OK")));
     let metrics = upstream.metrics.expect("a Prometheus port");
     let (status, page) = harness::http(metrics, "GET", "/metrics", "");
     assert_eq!(status, 200);
@@ -254,8 +254,9 @@ async fn healthy_with_at_least_one_config_loaded_waits_for_the_first_snapshot() 
             ("HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED", "true"),
         ]),
     );
+    // Upstream's answer while unhealthy: 500.
     let (status, body) = harness::http(upstream.http, "GET", "/healthcheck", "");
-    assert_eq!(status, 503, "{body}");
+    assert_eq!(status, 500, "{body}");
     xds.push(Snapshot::limit("1", "compat", "user", 2));
     xds.ack_of("1").await;
     let until = std::time::Instant::now() + std::time::Duration::from_secs(10);

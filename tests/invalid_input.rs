@@ -34,7 +34,10 @@ async fn empty_domain_is_invalid_argument() {
 async fn request_without_descriptors_is_invalid_argument() {
     let server = Floodgate::start(&[("r.yaml", RULES)], &[]);
     let message = rejected(&server, request("api", vec![])).await;
-    assert!(message.contains("no descriptors"), "{message}");
+    assert!(
+        message.contains("descriptor list must not be empty"),
+        "{message}"
+    );
 }
 
 #[tokio::test]

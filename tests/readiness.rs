@@ -162,7 +162,8 @@ async fn with_readiness_needs_rules_a_server_without_rules_is_unready_until_they
         (status, body.lines().next()),
         (503, Some("no rules loaded"))
     );
-    assert_eq!(server.http("GET", "/healthcheck", "").0, 503);
+    // envoyproxy/ratelimit's shape: 500 while unhealthy.
+    assert_eq!(server.http("GET", "/healthcheck", "").0, 500);
     let not_serving = ServingStatus::NotServing as i32;
     assert_eq!(grpc_health(&server, "").await, not_serving);
     let service = "envoy.service.ratelimit.v3.RateLimitService";

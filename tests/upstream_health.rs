@@ -18,15 +18,14 @@
 //!
 //! | upstream function | here |
 //! |---|---|
-//! | `TestHealthCheck` | `health_check` (ignored) |
-//! | `TestHealthyWithAtLeastOneConfigLoaded` | `healthy_with_at_least_one_config_loaded` (ignored) |
-//! | `TestGrpcHealthCheck` | `grpc_health_check` (ignored) |
-//! | `TestGrpcHealthyWithAtLeastOneConfigLoaded` | `grpc_healthy_with_at_least_one_config_loaded` (ignored) |
+//! | `TestHealthCheck` | `health_check` |
+//! | `TestHealthyWithAtLeastOneConfigLoaded` | `healthy_with_at_least_one_config_loaded` |
+//! | `TestGrpcHealthCheck` | `grpc_health_check` |
+//! | `TestGrpcHealthyWithAtLeastOneConfigLoaded` | `grpc_healthy_with_at_least_one_config_loaded` |
 //!
-//! Each asserts upstream's answers; the `ignore` reasons name where floodgate's differ
-//! (docs/decisions.md, "Upstream's service and health tests (issue 32)"). With those
-//! answers replaced by floodgate's (503 and its `ready` body; the gRPC service `""`), all
-//! four pass.
+//! Each asserts upstream's answers: `/healthcheck` 200 `OK` or 500, and gRPC health under
+//! the service name `ratelimit` (floodgate reports under `""` and the rate-limit services'
+//! own names as well).
 
 mod harness;
 mod redis_harness;
@@ -203,7 +202,6 @@ fn snapshot(version: &str) -> Snapshot {
 /// Health follows the connection to Redis: healthy, unhealthy once Redis is gone, healthy
 /// when it is back.
 #[tokio::test]
-#[ignore = "floodgate differs: /healthcheck answers 503 (not 500) while unhealthy, and `ready\\nbackend: up\\n` (not `OK`) while healthy"]
 async fn health_check() {
     let redis = RedisServer::start();
     let server = Server::start(&redis, None, &[]);
@@ -217,7 +215,6 @@ async fn health_check() {
 /// With `HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED`, healthy needs rules as well as Redis:
 /// unhealthy until the first rules come, then following Redis.
 #[tokio::test]
-#[ignore = "floodgate differs: /healthcheck answers 503 (not 500) while unhealthy, and `ready\\nbackend: up\\n` (not `OK`) while healthy"]
 async fn healthy_with_at_least_one_config_loaded() {
     let redis = RedisServer::start();
     let xds = XdsServer::start(None).await;
@@ -237,7 +234,6 @@ async fn healthy_with_at_least_one_config_loaded() {
 
 /// gRPC health follows the connection to Redis.
 #[tokio::test]
-#[ignore = "floodgate differs: gRPC health has no service `ratelimit` (NOT_FOUND); floodgate reports under \"\" and envoy.service.ratelimit.v3.RateLimitService"]
 async fn grpc_health_check() {
     let redis = RedisServer::start();
     let server = Server::start(&redis, None, &[]);
@@ -253,7 +249,6 @@ async fn grpc_health_check() {
 /// With `HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED`, gRPC health is NOT_SERVING until rules
 /// come, SERVING with rules and Redis, and NOT_SERVING again when both go.
 #[tokio::test]
-#[ignore = "floodgate differs: gRPC health has no service `ratelimit` (NOT_FOUND); floodgate reports under \"\" and envoy.service.ratelimit.v3.RateLimitService"]
 async fn grpc_healthy_with_at_least_one_config_loaded() {
     let redis = RedisServer::start();
     let xds = XdsServer::start(None).await;

@@ -18,7 +18,7 @@ pub struct InvalidRequest(pub String);
 pub fn check(request: &RateLimitRequest, limits: &RequestLimits) -> Result<(), InvalidRequest> {
     let fail = |message: String| Err(InvalidRequest(message));
     if request.domain.is_empty() {
-        return fail("domain must not be empty".into());
+        return fail("rate limit domain must not be empty".into());
     }
     if request.domain.len() > limits.max_value_bytes {
         return fail(format!(
@@ -28,7 +28,7 @@ pub fn check(request: &RateLimitRequest, limits: &RequestLimits) -> Result<(), I
         ));
     }
     if request.descriptors.is_empty() {
-        return fail("request has no descriptors".into());
+        return fail("rate limit descriptor list must not be empty".into());
     }
     if request.descriptors.len() > limits.max_descriptors {
         return fail(format!(
