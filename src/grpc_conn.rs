@@ -29,6 +29,7 @@ use tokio::time::{Instant, sleep_until};
 
 use crate::grpc_body::{CONNECTION_WINDOW, MAX_HEADER_LIST_BYTES, STREAM_WINDOW};
 use crate::listener::{Connection, Connections, next_until};
+use crate::unix_authority::UnixAuthority;
 
 /// The largest HTTP/2 frame a client may send (the protocol's smallest maximum): what one
 /// read of a body brings at most.
@@ -140,6 +141,9 @@ async fn serve_connection<S: CallService>(
     grace: Option<Duration>,
     mut draining: watch::Receiver<bool>,
 ) {
+    // A C-core client's Unix-socket authority, which h2 refuses, is mended on the way in.
+    let unix = io.is_unix();
+    let io = UnixAuthority::new(io, unix);
     let mut connection = pin!(builder.serve_connection(TokioIo::new(io), service));
     let mut retire = pin!(sleep_until_or_never(retire_at));
     let mut closes_at = pin!(sleep_until_or_never(None));

@@ -45,4 +45,5 @@ pub mod settings;
 pub mod socket;
 pub mod telemetry;
 pub mod tls;
+pub mod unix_authority;
 pub mod xds;

@@ -203,6 +203,17 @@ pub enum Connection {
 
 delegate_io!(Connection, Plain, Tls);
 
+impl Connection {
+    /// Whether it came in on a Unix socket.
+    pub fn is_unix(&self) -> bool {
+        let socket = match self {
+            Connection::Plain(guarded) => &guarded.io,
+            Connection::Tls(tls) => &tls.get_ref().0.io,
+        };
+        matches!(socket, Socket::Unix(_))
+    }
+}
+
 /// A listener's connections: plain, or after their TLS handshake.
 pub type Connections = Pin<Box<dyn futures_util::Stream<Item = io::Result<Connection>> + Send>>;
 

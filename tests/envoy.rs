@@ -81,6 +81,60 @@ impl Stack {
 
 const ALICE: [(&str, &str); 1] = [("x-user-id", "alice")];
 
+/// How Envoy reaches floodgate's Unix socket.
+#[derive(Clone, Copy)]
+enum SocketClient {
+    /// Its own gRPC client (`envoy_grpc`) through a cluster whose address is a `pipe`: the
+    /// call's `:authority` is the cluster's name.
+    EnvoyGrpc,
+    /// gRPC's C core (`google_grpc`) with the target `unix:PATH`: the call's `:authority`
+    /// is the socket's path, percent-encoded.
+    GoogleGrpc,
+}
+
+/// The example with floodgate on a Unix socket, reached by `client`.
+fn on_unix_socket(client: SocketClient) -> (Envoy, harness::OnUnixSocket, App) {
+    let app = App::start();
+    let floodgate = harness::OnUnixSocket::start(&[EXAMPLE_RULES], &["--response-headers", "ietf"]);
+    let placeholder = std::net::SocketAddr::from(([127, 0, 0, 1], 1));
+    let config = example_config(placeholder, app.addr, OnFailure::Allow);
+    let socket = floodgate.socket.display();
+    let config = match client {
+        SocketClient::EnvoyGrpc => config.replacen(
+            "socket_address: { address: 127.0.0.1, port_value: 1 }",
+            &format!("pipe: {{ path: \"{socket}\" }}"),
+            1,
+        ),
+        SocketClient::GoogleGrpc => config.replacen(
+            "envoy_grpc: { cluster_name: floodgate }",
+            &format!("google_grpc: {{ target_uri: \"unix:{socket}\", stat_prefix: floodgate }}"),
+            1,
+        ),
+    };
+    (Envoy::start(&config), floodgate, app)
+}
+
+/// Envoy on floodgate's Unix socket, as a sidecar: through a `pipe` cluster, and through
+/// its C-core client whose authority h2 alone would refuse (`unix_authority.rs`).
+#[test]
+fn envoy_on_the_unix_socket_is_decided_by_either_grpc_client() {
+    for client in [SocketClient::EnvoyGrpc, SocketClient::GoogleGrpc] {
+        let (envoy, floodgate, _app) = on_unix_socket(client);
+        wait_for_a_fresh_minute();
+        for _ in 0..5 {
+            assert_allowed(&envoy.get("/", &ALICE));
+        }
+        let refused = envoy.get("/", &ALICE);
+        assert_eq!(
+            refused.status,
+            429,
+            "{}\n{}",
+            envoy.log(),
+            floodgate.stderr()
+        );
+    }
+}
+
 /// Asserts the request went through Envoy to the application.
 #[track_caller]
 fn assert_allowed(response: &Response) {

@@ -589,3 +589,50 @@ pub async fn grpc_status(response: &mut h2::client::ResponseFuture) -> Option<St
         .await
         .map(|(status, _)| status)
 }
+
+/// A floodgate serving gRPC on a Unix socket of its own (HTTP on a free port), killed when
+/// dropped.
+pub struct OnUnixSocket {
+    child: Child,
+    pub socket: std::path::PathBuf,
+    dir: tempfile::TempDir,
+}
+
+impl OnUnixSocket {
+    /// Starts one on `rules` with extra `serve` flags; returns once it listens.
+    pub fn start(rules: &[(&str, &str)], flags: &[&str]) -> OnUnixSocket {
+        let dir = write_rules(rules);
+        let socket = dir.path().join(".grpc.sock");
+        let log = std::fs::File::create(dir.path().join(".stderr")).expect("log file");
+        let mut child = wrapped(&[])
+            .args(["serve", "--http-addr", "127.0.0.1:0", "--rules"])
+            .arg(dir.path())
+            .args(flags)
+            .env("FLOODGATE_GRPC_UNIX_SOCKET", &socket)
+            .stdout(Stdio::piped())
+            .stderr(log)
+            .spawn()
+            .expect("floodgate binary starts");
+        let mut line = String::new();
+        BufReader::new(child.stdout.take().expect("piped stdout"))
+            .read_line(&mut line)
+            .expect("reading the startup line");
+        assert!(
+            line.contains(&format!("grpc=unix:{}", socket.display())),
+            "floodgate did not start on its socket: {line:?}"
+        );
+        OnUnixSocket { child, socket, dir }
+    }
+
+    /// What the server wrote to stderr so far.
+    pub fn stderr(&self) -> String {
+        std::fs::read_to_string(self.dir.path().join(".stderr")).unwrap_or_default()
+    }
+}
+
+impl Drop for OnUnixSocket {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}

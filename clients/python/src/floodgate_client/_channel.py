@@ -2,11 +2,11 @@
 
 gRPC's C core (grpcio's) sends a Unix socket's path, percent-encoded, as the ``:authority``
 of every call on it: ``unix:/run/floodgate/grpc.sock`` calls ``run%2Ffloodgate%2Fgrpc.sock``.
-floodgate's HTTP/2 server (the Rust ``h2`` crate, through ``http``'s ``Authority``) accepts
-a ``%`` only in an authority's user name or an IPv6 zone, and resets every such call
-(INTERNAL, RST_STREAM PROTOCOL_ERROR). So a Unix socket target is given the authority
-``localhost`` (gRPC's ``grpc.default_authority``), unless the caller names one.
-"""
+That is no authority; floodgate mends it before its HTTP/2 server (the Rust ``h2`` crate)
+sees it, but servers before that, and other servers behind the same proxy rules, reset
+such calls (INTERNAL, RST_STREAM PROTOCOL_ERROR). So a Unix socket target is given the
+authority ``localhost`` (gRPC's ``grpc.default_authority``, what grpc-go sends), unless the
+caller names one."""
 
 from __future__ import annotations
 
