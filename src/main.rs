@@ -643,7 +643,9 @@ async fn backend(
         sentinel_master: settings.redis_sentinel_master.clone(),
         tls: redis_tls(settings)?,
     };
-    let remote = |store| {
+    // A store that did not answer at start starts with its breaker open: requests get
+    // their policy at once, and readiness that follows the backend waits for its answer.
+    let remote = |(store, down): (Store, Option<String>)| {
         let breaker = Breaker::new(
             settings.redis_breaker_failures,
             Duration::from_millis(settings.redis_breaker_window_ms),
@@ -651,7 +653,11 @@ async fn backend(
             clock.clone(),
         );
         let over_limit = OverLimitCache::new(settings.redis_local_cache_size, clock.clone());
-        Backend::remote(store, breaker, over_limit)
+        let backend = Backend::remote(store, breaker, over_limit);
+        if let Some(error) = down {
+            backend.open_at_start(&error);
+        }
+        backend
     };
     let backend = match settings.backend {
         BackendKind::Memory => Backend::memory(memory.clone()),
@@ -681,14 +687,15 @@ async fn backend(
 
 /// A Redis store of `kind`, its scripts loaded when it answers; `role` names it in the log
 /// (`redis`, or `redis_per_second`). With `redis_startup.max_elapsed_ms`, the start waits
-/// for it that long at most.
+/// for it that long at most; without, the error of a store that did not answer comes
+/// with it.
 async fn redis_store(
     role: &'static str,
     kind: BackendKind,
     mut options: RedisOptions,
     clock: &Arc<SystemClock>,
     settings: &Settings,
-) -> anyhow::Result<Store> {
+) -> anyhow::Result<(Store, Option<String>)> {
     // An empty secret (a Kubernetes Secret key left blank) means no password.
     options.password = options
         .password
@@ -711,12 +718,13 @@ async fn redis_store(
         }
     };
     let Err(error) = load().await else {
-        return Ok(store);
+        return Ok((store, None));
     };
     let startup = &settings.redis_startup;
     if startup.max_elapsed_ms == 0 {
         tracing::warn!(store = role, %error, "could not connect to redis and load the scripts yet");
-        return Ok(store);
+        let down = error.to_string();
+        return Ok((store, Some(down)));
     }
     // Upstream's start-up retries: wait for Redis, or exit for the orchestrator to see.
     let started = tokio::time::Instant::now();
@@ -747,7 +755,7 @@ async fn redis_store(
         }
         pause = (pause * 2).min(Duration::from_millis(startup.max_interval_ms));
     }
-    Ok(store)
+    Ok((store, None))
 }
 
 /// The Redis TLS files the settings name, read; `None` when they name none.

@@ -191,3 +191,44 @@ async fn with_readiness_needs_rules_a_server_without_rules_is_unready_until_they
     assert_eq!(plain.http("GET", "/readyz", "").0, 200);
     assert_eq!(grpc_health(&plain, "").await, ServingStatus::Serving as i32);
 }
+
+/// A Redis that does not answer at start-up is an open circuit from the start: with
+/// `readiness_follows_backend` (upstream's `REDIS_HEALTH_CHECK_ACTIVE_CONNECTION`) the
+/// server is unready (`/readyz` 503, `/healthcheck` 500) until Redis answers a probe, as
+/// upstream's health starts Redis unhealthy until its connection is confirmed; requests
+/// meanwhile get their rule's policy at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_redis_down_at_start_is_unready_until_it_answers_when_readiness_follows_it() {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|listener| listener.local_addr())
+        .expect("a free port")
+        .port();
+    let server = Floodgate::start_with_env(
+        &[("rules.yaml", POLICIES)],
+        &[
+            "--backend",
+            "redis",
+            "--redis-url",
+            &format!("redis://127.0.0.1:{port}"),
+        ],
+        &[
+            ("FLOODGATE_READINESS_FOLLOWS_BACKEND", "true"),
+            ("FLOODGATE_REDIS_BREAKER_COOLDOWN_MS", "200"),
+        ],
+    );
+    let (status, body) = server.http("GET", "/readyz", "");
+    assert_eq!(status, 503, "{body}");
+    assert!(body.contains("circuit open"), "{body}");
+    assert_eq!(server.http("GET", "/healthcheck", "").0, 500);
+    let answer = server.ask(ask("open_rule")).await;
+    assert_eq!(answer.overall_code, OK, "fail_open answers at once");
+    let _redis = RedisServer::start_on(port);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while server.http("GET", "/healthcheck", "").0 != 200 {
+        assert!(Instant::now() < deadline, "never ready once Redis answered");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(server.http("GET", "/readyz", "").0, 200);
+    let answer = server.ask(ask("error_rule")).await;
+    assert_eq!(answer.overall_code, OK, "decided by Redis");
+}

@@ -129,6 +129,17 @@ impl Breaker {
             .unwrap_or_else(PoisonError::into_inner) = Some(error.to_string());
     }
 
+    /// Opens now: the backend did not answer `error` when the server started. Requests get
+    /// their rules' policy at once, and readiness that follows the backend waits, until a
+    /// probe after the cooldown gets an answer.
+    pub fn open_at_start(&self, error: &dyn std::fmt::Display) {
+        self.note_error(error);
+        self.open(
+            self.clock.now_micros(),
+            "the backend did not answer at start-up",
+        );
+    }
+
     /// This breaker's clock: when a call starts, for [`record`](Self::record).
     pub fn now(&self) -> u64 {
         self.clock.now_micros()

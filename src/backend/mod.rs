@@ -597,6 +597,14 @@ impl Backend {
             .reduce(|total, counts| total + counts)
     }
 
+    /// Opens this backend's breaker (not its per-second store's): it did not answer
+    /// `error` at start-up.
+    pub fn open_at_start(&self, error: &dyn std::fmt::Display) {
+        if let Some(breaker) = &self.breaker {
+            breaker.open_at_start(error);
+        }
+    }
+
     /// Whether the backend answers: false while a breaker is open.
     pub fn healthy(&self) -> bool {
         self.stores().all(|store| {
