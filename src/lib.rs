@@ -21,10 +21,7 @@ pub const LONG_VERSION: &str = concat!(
 
 pub mod admin;
 pub mod backend;
-pub mod bench;
 pub mod clock;
-pub mod compat;
-pub mod counters_cli;
 pub mod files;
 pub mod grpc_body;
 pub mod grpc_conn;
@@ -35,7 +32,6 @@ pub mod limiter;
 pub mod listener;
 pub mod metrics;
 pub mod proto;
-pub mod query;
 pub mod quota;
 pub mod reload;
 pub mod rules;

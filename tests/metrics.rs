@@ -376,15 +376,19 @@ async fn global_shadow_mode_counts_the_requests_it_let_through() {
 
 #[tokio::test]
 async fn a_dead_redis_shows_in_backend_errors_and_the_breaker_gauge() {
+    // A Redis that answered at start, then died (one dead at start opens the breaker at
+    // once: `tests/readiness.rs`).
+    let redis = RedisServer::start();
     let server = Floodgate::start_with_env(
         &[("policies.yaml", POLICIES)],
-        &["--backend", "redis", "--redis-url", "redis://127.0.0.1:1"],
+        &["--backend", "redis", "--redis-url", &redis.url()],
         // No probe during the test: the breaker stays open once it opened.
         &[
             ("FLOODGATE_REDIS_BREAKER_COOLDOWN_MS", "600000"),
             ("FLOODGATE_REDIS_COMMAND_TIMEOUT_MS", "2000"),
         ],
     );
+    drop(redis);
     let open = request("policy", vec![descriptor(&[("open_rule", "x")])]);
     // Five failed calls open the breaker (redis_breaker_failures = 5); the sixth is refused.
     assert_eq!(send(&server, &open, 6).await, [OK; 6]);

@@ -5,6 +5,10 @@
 //! children and they it. Unit tests (`#[cfg(test)]` modules) are left out: a test may reach
 //! anywhere.
 //!
+//! The binary's own modules (`src/bin/floodgate/`: the CLI's subcommands, the load
+//! generator, upstream's environment) are a crate of their own over the library: its files
+//! are one graph of their own, and the library names none of them.
+//!
 //! The paths are read off the source text: `use` statements (groups `{…}` over several
 //! lines included) and paths written inline in code; comments are ignored.
 
@@ -14,26 +18,75 @@ use std::path::{Path, PathBuf};
 /// A dependency graph: for each node, the nodes it uses and where (file:line), first seen.
 type Graph = BTreeMap<String, BTreeMap<String, String>>;
 
+/// The binary's directory, under `src/`.
+const BINARY: &str = "bin/floodgate";
+
 #[test]
 fn top_level_modules_form_no_cycle() {
     let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
-    let mut graph = Graph::new();
-    for file in rust_files(&src) {
-        let relative = file.strip_prefix(&src).expect("under src");
-        let top = module_of(relative);
-        if top == "lib" || top == "main" {
-            continue;
-        }
-        for (line, path) in paths(&file) {
-            if let Some(rest) = path.strip_prefix("crate::") {
-                let target = rest.split("::").next().unwrap_or_default().to_owned();
-                if !target.is_empty() && target != top {
-                    add(&mut graph, &top, &target, relative, line);
+    for root in [src.clone(), src.join(BINARY)] {
+        let mut graph = Graph::new();
+        for file in rust_files(&root) {
+            let relative = file.strip_prefix(&root).expect("under its root");
+            let top = module_of(relative);
+            if ["lib", "main", "bin"].contains(&top.as_str()) {
+                continue;
+            }
+            for (line, path) in paths(&file) {
+                if let Some(rest) = path.strip_prefix("crate::") {
+                    let target = rest.split("::").next().unwrap_or_default().to_owned();
+                    if !target.is_empty() && target != top {
+                        add(&mut graph, &top, &target, relative, line);
+                    }
                 }
             }
         }
+        let place = root.strip_prefix(&src).unwrap_or(&root);
+        assert_no_cycle(&format!("src/{}", place.display()), &graph);
     }
-    assert_no_cycle("src/", &graph);
+}
+
+/// The library builds without the binary: no library file names one of the binary's
+/// modules, and `lib.rs` declares none of them.
+#[test]
+fn the_library_depends_on_no_module_of_the_binary() {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let binary: BTreeSet<String> = siblings(&src.join(BINARY))
+        .into_iter()
+        .filter(|module| module != "main")
+        .collect();
+    assert!(
+        binary.contains("compat") && binary.contains("bench"),
+        "{binary:?}"
+    );
+    let mut found = Vec::new();
+    for file in rust_files(&src) {
+        let relative = file.strip_prefix(&src).expect("under src");
+        if relative.starts_with("bin") {
+            continue;
+        }
+        for (line, path) in paths(&file) {
+            let target = path
+                .strip_prefix("crate::")
+                .and_then(|rest| rest.split("::").next());
+            if target.is_some_and(|target| binary.contains(target)) {
+                found.push(format!("{}:{line}: {path}", relative.display()));
+            }
+        }
+    }
+    let lib = std::fs::read_to_string(src.join("lib.rs")).expect("lib.rs");
+    for module in &binary {
+        if lib
+            .lines()
+            .any(|line| line.trim_start_matches("pub ").trim() == format!("mod {module};"))
+        {
+            found.push(format!("lib.rs declares `mod {module}`"));
+        }
+    }
+    assert!(
+        found.is_empty(),
+        "the library reaches the binary: {found:#?}"
+    );
 }
 
 #[test]
@@ -44,18 +97,30 @@ fn sibling_files_of_a_module_form_no_cycle() {
         let Some(directory) = file.parent().filter(|dir| *dir != src.as_path()) else {
             continue;
         };
-        if file.file_name().is_some_and(|name| name == "mod.rs") {
+        // A directory's root (`mod.rs`, or the binary's `main.rs`) is the parent of the
+        // files beside it, not their sibling.
+        if file
+            .file_name()
+            .is_some_and(|name| name == "mod.rs" || name == "main.rs")
+        {
             continue;
         }
         let siblings = siblings(directory);
         let me = node_name(&file);
-        let module_path = (directory.strip_prefix(&src).expect("under src"))
-            .to_string_lossy()
-            .replace('/', "::");
+        let within = directory.strip_prefix(&src).expect("under src");
+        // The binary's files name their siblings from its own root: `crate::query`.
+        let module_path = match within.strip_prefix(BINARY) {
+            Ok(rest) => rest.to_string_lossy().replace('/', "::"),
+            Err(_) => within.to_string_lossy().replace('/', "::"),
+        };
         let graph = directories.entry(directory.to_owned()).or_default();
         let relative = file.strip_prefix(&src).expect("under src");
         for (line, path) in paths(&file) {
-            let own = format!("crate::{module_path}::");
+            let own = if module_path.is_empty() {
+                "crate::".to_owned()
+            } else {
+                format!("crate::{module_path}::")
+            };
             let rest = path
                 .strip_prefix("super::")
                 .or_else(|| path.strip_prefix(own.as_str()));

@@ -7,9 +7,9 @@ use tonic::Status;
 
 use super::connection::Client;
 use super::outcome::Sample;
-use crate::proto::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
-use crate::proto::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry;
-use crate::proto::envoy::service::ratelimit::v3::RateLimitRequest;
+use floodgate::proto::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
+use floodgate::proto::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry;
+use floodgate::proto::envoy::service::ratelimit::v3::RateLimitRequest;
 
 /// What every request asks: `descriptors` descriptors in `domain`, each `key` with a value
 /// drawn uniformly from `k0` … `k<keys-1>`.

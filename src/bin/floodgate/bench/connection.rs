@@ -11,7 +11,7 @@ use hyper::client::conn::http2;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use tonic::codegen::http::{Request, Response, Uri};
 
-use crate::proto::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
+use floodgate::proto::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
 
 /// A gRPC client on one of the generator's connections; cloning it shares the connection.
 pub type Client = RateLimitServiceClient<Http2>;

@@ -4,11 +4,13 @@ use std::process::ExitCode;
 
 use anyhow::{Context, bail};
 
-use crate::proto::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
-use crate::proto::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry;
-use crate::proto::envoy::service::ratelimit::v3::rate_limit_response::{Code, DescriptorStatus};
-use crate::proto::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
-use crate::proto::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
+use floodgate::proto::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
+use floodgate::proto::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry;
+use floodgate::proto::envoy::service::ratelimit::v3::rate_limit_response::{
+    Code, DescriptorStatus,
+};
+use floodgate::proto::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
+use floodgate::proto::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
 
 #[derive(Debug, clap::Args)]
 pub struct QueryArgs {
@@ -114,7 +116,7 @@ fn describe(status: &DescriptorStatus) -> String {
             format!("{code} (no limit applies)")
         };
     };
-    let unit = crate::proto::envoy::service::ratelimit::v3::rate_limit_response::rate_limit::Unit::try_from(limit.unit)
+    let unit = floodgate::proto::envoy::service::ratelimit::v3::rate_limit_response::rate_limit::Unit::try_from(limit.unit)
         .map_or("UNKNOWN", |u| u.as_str_name())
         .to_lowercase();
     let window = match &limit.unit_multiplier {

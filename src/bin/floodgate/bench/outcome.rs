@@ -6,8 +6,8 @@ use std::time::{Duration, Instant};
 
 use tonic::{Code, Status};
 
-use crate::proto::envoy::service::ratelimit::v3::RateLimitResponse;
-use crate::proto::envoy::service::ratelimit::v3::rate_limit_response::Code as OverallCode;
+use floodgate::proto::envoy::service::ratelimit::v3::RateLimitResponse;
+use floodgate::proto::envoy::service::ratelimit::v3::rate_limit_response::Code as OverallCode;
 
 /// The class of one request's answer. Only `Decided` requests did what the load is meant to
 /// measure; the others say why a request did not (and a server that sheds or fails fast can

@@ -89,7 +89,7 @@ async fn post(args: &CounterArgs, path: &str, body: String) -> anyhow::Result<(u
 
 /// Trust in `ca`, and the client certificate where one is given.
 fn client_config(ca: &PathBuf, args: &CounterArgs) -> anyhow::Result<ClientConfig> {
-    let read = |path: &PathBuf| crate::files::read(path, crate::files::PEM_MAX_BYTES);
+    let read = |path: &PathBuf| floodgate::files::read(path, floodgate::files::PEM_MAX_BYTES);
     let mut roots = RootCertStore::empty();
     for certificate in CertificateDer::pem_slice_iter(&read(ca)?) {
         roots.add(certificate.with_context(|| format!("{}", ca.display()))?)?;

@@ -18,13 +18,18 @@ use floodgate::backend::{
 use floodgate::clock::SystemClock;
 use floodgate::reload::{Hangups, Reloader};
 use floodgate::rules::{DEFAULT_RULES_MAX_BYTES, Origin, RuleFiles, RuleSet};
+use floodgate::server;
 use floodgate::server::{AdminEndpoint, Endpoints, GrpcEndpoint, Readiness, RunningServer};
 use floodgate::service::{RateLimiter, ServiceOptions};
 use floodgate::settings::{BackendKind, HeaderStyle, LogFormat, Overrides, RulesSource, Settings};
 use floodgate::telemetry::Telemetry;
 use floodgate::tls::{Protocols, ServerTls};
 use floodgate::xds::Subscription;
-use floodgate::{bench, compat, counters_cli, query, server};
+
+mod bench;
+mod compat;
+mod counters_cli;
+mod query;
 
 /// mimalloc: the h2/tonic request path allocates many small, short-lived buffers, which
 /// glibc's allocator serves markedly slower (see the README's performance section).

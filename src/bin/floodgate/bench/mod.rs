@@ -30,9 +30,6 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
 
-pub use cpu::Process;
-pub use outcome::{Counts, Outcome};
-pub use redis_commands::CommandCounts;
 pub use report::{Latencies, Mode, Report};
 
 use connection::Connections;
