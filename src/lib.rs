@@ -5,8 +5,8 @@
 //! descriptor matching) → [`limiter`] (counter keys and algorithms) → [`backend`] (where the
 //! counters live) → [`service`] (combining the decisions into the response).
 //!
-//! The modules depend one way (the README's Layout draws it, `tests/module_graph.rs` keeps
-//! it): counts are kept where they happen, with [`instruments`], and read by [`metrics`].
+//! The modules depend one way (docs/development.md, "Layout", draws it;
+//! `tests/module_graph.rs` keeps it): counts are kept where they happen, with [`instruments`], and read by [`metrics`].
 
 /// The server's version and the commit it was built from, as `floodgate --version` prints
 /// them and `floodgate_build_info` labels them.

@@ -858,7 +858,7 @@ mod tests {
     #[test]
     fn the_largest_request_the_defaults_allow_is_a_little_over_a_mebibyte() {
         // 64 descriptors of 16 entries (256-byte keys, 1 KiB values), each with an override
-        // and its own hits; the domain 1 KiB. What README's Bounds table says.
+        // and its own hits; the domain 1 KiB. What the Bounds table says (docs/operating.md).
         assert_eq!(RequestLimits::default().largest_request_bytes(), 1_323_913);
     }
 

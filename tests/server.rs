@@ -426,8 +426,9 @@ fn banner_tried(mut serve: std::process::Command) -> String {
     tried.unwrap_or(suggestion)
 }
 
-/// `serve --help` names every setting of the README's table: as a flag, or in its list of
-/// the settings that have none (so TLS and xDS are found without reading the code).
+/// `serve --help` names every setting of the settings table (docs/settings.md): as a flag,
+/// or in its list of the settings that have none (so TLS and xDS are found without reading
+/// the code).
 #[test]
 fn serve_help_names_every_setting() {
     let help = harness::command()
@@ -435,13 +436,19 @@ fn serve_help_names_every_setting() {
         .output()
         .expect("floodgate runs");
     let help = String::from_utf8(help.stdout).expect("text");
-    let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md"))
-        .expect("the README");
+    let page = concat!(env!("CARGO_MANIFEST_DIR"), "/docs/settings.md");
+    let page = std::fs::read_to_string(page).expect("the settings page");
     // The settings table: from its header to the first line that is not a row.
-    let rows = (readme.lines())
+    let rows: Vec<&str> = (page.lines())
         .skip_while(|line| *line != "| key | default | meaning |")
         .skip(2)
-        .take_while(|line| line.starts_with('|'));
+        .take_while(|line| line.starts_with('|'))
+        .collect();
+    assert!(
+        rows.len() > 50,
+        "the settings table has {} rows",
+        rows.len()
+    );
     let mut missing = Vec::new();
     for row in rows {
         let Some(first) = row.split('|').nth(1) else {

@@ -32,7 +32,7 @@ mod counters_cli;
 mod query;
 
 /// mimalloc: the h2/tonic request path allocates many small, short-lived buffers, which
-/// glibc's allocator serves markedly slower (see the README's performance section).
+/// glibc's allocator serves markedly slower (docs/performance.md).
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
@@ -112,7 +112,7 @@ More settings have no flag: set them in the --config file (TOML) or as FLOODGATE
   memory_max_counters, near_limit_ratio, on_backend_error, request_limits.*,
     connection_limits.*, shutdown_grace   limits and policies
   OTEL_EXPORTER_OTLP_ENDPOINT (and the other OTEL_* variables)   traces over OTLP
-The README's settings table describes every one; `floodgate ratelimit` reads
+docs/settings.md describes every one; `floodgate ratelimit` reads
 envoyproxy/ratelimit's environment variables instead.";
 
 /// Every flag is also a settings-file key and a `FLOODGATE_*` environment variable.
