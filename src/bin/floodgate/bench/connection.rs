@@ -1,5 +1,6 @@
 //! The load generator's HTTP/2 connections and the gRPC clients over them.
 
+use std::path::{Path, PathBuf};
 use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -22,12 +23,20 @@ pub struct Connections(Vec<Http2>);
 
 impl Connections {
     pub async fn open(addr: &str, count: usize) -> anyhow::Result<Connections> {
-        let origin: Uri = addr
-            .parse()
-            .with_context(|| format!("server address {addr:?}"))?;
+        // A Unix socket (`unix:/path`) is asked as grpc-go asks one: authority `localhost`.
+        let (origin, socket) = match addr.strip_prefix("unix:") {
+            Some(path) => (
+                Uri::from_static("http://localhost"),
+                Some(PathBuf::from(path)),
+            ),
+            None => {
+                let origin = (addr.parse()).with_context(|| format!("server address {addr:?}"))?;
+                (origin, None)
+            }
+        };
         let mut connections = Vec::with_capacity(count);
         for _ in 0..count {
-            connections.push(Http2::connect(origin.clone()).await?);
+            connections.push(Http2::connect(origin.clone(), socket.clone()).await?);
         }
         Ok(Connections(connections))
     }
@@ -62,6 +71,8 @@ pub struct Http2(Arc<Link>);
 
 struct Link {
     origin: Uri,
+    /// The Unix socket dialed instead of the origin's host and port.
+    socket: Option<PathBuf>,
     sender: ArcSwap<Sender>,
     /// Held while dialing again, so that a closed connection is replaced once, not by every
     /// request that finds it closed.
@@ -72,10 +83,11 @@ struct Link {
 type Sender = http2::SendRequest<tonic::body::Body>;
 
 impl Http2 {
-    async fn connect(origin: Uri) -> anyhow::Result<Self> {
-        let sender = dial(&origin).await?;
+    async fn connect(origin: Uri, socket: Option<PathBuf>) -> anyhow::Result<Self> {
+        let sender = dial(&origin, socket.as_deref()).await?;
         Ok(Http2(Arc::new(Link {
             origin,
+            socket,
             sender: ArcSwap::from_pointee(sender),
             redialing: tokio::sync::Mutex::new(()),
             redials: AtomicU64::new(0),
@@ -96,7 +108,7 @@ impl Link {
             // Another request dialed while this one waited.
             return Ok(Sender::clone(&current));
         }
-        let fresh = dial(&self.origin)
+        let fresh = dial(&self.origin, self.socket.as_deref())
             .await
             .map_err(|error| tonic::ConnectError(error.into()))?;
         self.sender.store(Arc::new(fresh.clone()));
@@ -108,7 +120,13 @@ impl Link {
 /// Abandoned streams a connection remembers (h2's default is 10).
 const ABANDONED_STREAMS_REMEMBERED: usize = 100_000;
 
-async fn dial(origin: &Uri) -> anyhow::Result<Sender> {
+async fn dial(origin: &Uri, socket: Option<&Path>) -> anyhow::Result<Sender> {
+    if let Some(path) = socket {
+        let unix = tokio::net::UnixStream::connect(path)
+            .await
+            .with_context(|| format!("connecting to unix:{}", path.display()))?;
+        return handshake(unix, origin).await;
+    }
     let authority = origin
         .authority()
         .with_context(|| format!("server address {origin} has no host:port"))?;
@@ -116,13 +134,21 @@ async fn dial(origin: &Uri) -> anyhow::Result<Sender> {
         .await
         .with_context(|| format!("connecting to {origin}"))?;
     tcp.set_nodelay(true)?;
+    handshake(tcp, origin).await
+}
+
+/// HTTP/2 over `io`, its connection driven by a task of its own.
+async fn handshake<IO>(io: IO, origin: &Uri) -> anyhow::Result<Sender>
+where
+    IO: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
     let (sender, connection) = http2::Builder::new(TokioExecutor::new())
         // A request past its deadline is abandoned (RST_STREAM), and the server's late answer
         // to it is no attack: remember many such streams so their frames are dropped quietly,
         // and never close the connection over them (h2's default would after 1,024).
         .max_concurrent_reset_streams(ABANDONED_STREAMS_REMEMBERED)
         .max_local_error_reset_streams(None)
-        .handshake(TokioIo::new(tcp))
+        .handshake(TokioIo::new(io))
         .await
         .with_context(|| format!("HTTP/2 handshake with {origin}"))?;
     tokio::spawn(connection);

@@ -42,7 +42,7 @@ use redis_commands::RedisNodes;
 #[derive(Debug, Clone, clap::Args)]
 #[command(args_override_self = true)]
 pub struct BenchArgs {
-    /// The server's gRPC address.
+    /// The server's gRPC address: `http://host:port`, or `unix:/path` for its Unix socket.
     #[arg(long, default_value = "http://127.0.0.1:8081")]
     pub addr: String,
     #[arg(long, default_value = "bench")]
