@@ -7,25 +7,13 @@ use tokio::time::Instant;
 use tonic::Status;
 use tonic::transport::{Channel, Endpoint};
 
-use crate::decision::Decision;
+use crate::decision::{Decision, FailureMode};
 use crate::descriptor::Descriptor;
 use crate::error::Error;
 use crate::failure::Failure;
 use crate::proto::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
 use crate::proto::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
 use crate::retry::Retry;
-
-/// What a call decides when the server cannot answer: `UNAVAILABLE` (after the retries that
-/// are allowed), a transport failure, or the deadline passing. Never for any other error.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub enum FailureMode {
-    /// Allow: an outage of the rate limiter does not become an outage of the service.
-    /// Envoy's default (`failure_mode_deny: false`) too.
-    #[default]
-    Open,
-    /// Reject: for limits that protect something that must not be overrun.
-    Closed,
-}
 
 /// A connection to a rate-limit service. Cheap to clone: clones share one HTTP/2 channel.
 #[derive(Debug, Clone)]

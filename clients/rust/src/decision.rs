@@ -2,12 +2,23 @@
 
 use std::time::Duration;
 
-use crate::client::FailureMode;
 use crate::proto::envoy::service::ratelimit::v3::RateLimitResponse;
 use crate::proto::envoy::service::ratelimit::v3::rate_limit_response::rate_limit::Unit as WireUnit;
 use crate::proto::envoy::service::ratelimit::v3::rate_limit_response::{
     Code, DescriptorStatus as WireStatus, RateLimit,
 };
+
+/// What a call decides when the server cannot answer: `UNAVAILABLE` (after the retries that
+/// are allowed), a transport failure, or the deadline passing. Never for any other error.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum FailureMode {
+    /// Allow: an outage of the rate limiter does not become an outage of the service.
+    /// Envoy's default (`failure_mode_deny: false`) too.
+    #[default]
+    Open,
+    /// Reject: for limits that protect something that must not be overrun.
+    Closed,
+}
 
 /// Whether a request may go ahead, and the quota behind that answer.
 #[derive(Debug, Clone, PartialEq, Eq)]

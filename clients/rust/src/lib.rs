@@ -32,8 +32,8 @@ mod retry;
 
 pub mod proto;
 
-pub use client::{Client, FailureMode};
-pub use decision::{Decision, DescriptorStatus, Limit, Unit};
+pub use client::Client;
+pub use decision::{Decision, DescriptorStatus, FailureMode, Limit, Unit};
 pub use descriptor::Descriptor;
 pub use error::Error;
 pub use layer::{RateLimitLayer, RateLimitService};
