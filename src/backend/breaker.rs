@@ -47,7 +47,7 @@ pub enum Admission {
 
 /// How an admitted call ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Outcome {
+pub enum CallEnd {
     /// The backend answered (a decision, or an error of one hit's own).
     Answered,
     /// The backend could not be reached, dropped the connection, or refused the whole call.
@@ -169,10 +169,10 @@ impl Breaker {
     }
 
     /// Records how an admitted call (or probe) that started at `started` ended.
-    pub fn record(&self, admission: Admission, outcome: Outcome, started: u64) {
+    pub fn record(&self, admission: Admission, outcome: CallEnd, started: u64) {
         let now = self.clock.now_micros();
         match outcome {
-            Outcome::Answered => {
+            CallEnd::Answered => {
                 self.answers.fetch_add(1, Ordering::AcqRel);
                 self.silent_since.store(0, Ordering::Release);
                 if self.open_until.swap(0, Ordering::AcqRel) != 0 {
@@ -183,7 +183,7 @@ impl Breaker {
             _ if admission == Admission::Probe => {
                 self.open(now, "the probe got no answer");
             }
-            Outcome::Failed => {
+            CallEnd::Failed => {
                 // The call ended, so it no longer waits: failures have their own rule.
                 self.silent_since.store(0, Ordering::Release);
                 let counted_last = self.last_failure.fetch_max(now, Ordering::AcqRel);
@@ -195,7 +195,7 @@ impl Breaker {
                     self.open(now, "calls keep failing");
                 }
             }
-            Outcome::TimedOut => {
+            CallEnd::TimedOut => {
                 // Silence starts with the first call that got no answer in time.
                 self.silent_since
                     .compare_exchange(0, started.max(1), Ordering::AcqRel, Ordering::Acquire)
@@ -306,13 +306,13 @@ mod tests {
         (clock, breaker)
     }
 
-    fn call(breaker: &Breaker, outcome: Outcome) {
+    fn call(breaker: &Breaker, outcome: CallEnd) {
         let started = breaker.now();
         let admission = breaker.admit();
         breaker.record(admission, outcome, started);
     }
 
-    fn calls(breaker: &Breaker, outcome: Outcome, times: usize) {
+    fn calls(breaker: &Breaker, outcome: CallEnd, times: usize) {
         for _ in 0..times {
             call(breaker, outcome);
         }
@@ -321,10 +321,10 @@ mod tests {
     #[test]
     fn threshold_failures_within_the_window_open_it() {
         let (clock, breaker) = breaker();
-        calls(&breaker, Outcome::Failed, 2);
+        calls(&breaker, CallEnd::Failed, 2);
         clock.advance(WINDOW / 2);
         assert_eq!(breaker.admit(), Admission::Call);
-        call(&breaker, Outcome::Failed);
+        call(&breaker, CallEnd::Failed);
         assert_eq!(breaker.state(), BreakerState::Open);
         assert_eq!(breaker.admit(), Admission::Reject);
     }
@@ -337,15 +337,15 @@ mod tests {
         let admitted: Vec<Admission> = (0..10).map(|_| breaker.admit()).collect();
         clock.advance(100);
         for admission in admitted {
-            breaker.record(admission, Outcome::Failed, started);
+            breaker.record(admission, CallEnd::Failed, started);
         }
         assert_eq!(breaker.state(), BreakerState::Closed);
         // Requests sent after it fail on their own: two more make three.
         clock.advance(100);
-        call(&breaker, Outcome::Failed);
+        call(&breaker, CallEnd::Failed);
         assert_eq!(breaker.state(), BreakerState::Closed);
         clock.advance(100);
-        call(&breaker, Outcome::Failed);
+        call(&breaker, CallEnd::Failed);
         assert_eq!(breaker.state(), BreakerState::Open);
     }
 
@@ -353,7 +353,7 @@ mod tests {
     fn failures_spread_over_more_than_the_window_do_not() {
         let (clock, breaker) = breaker();
         for _ in 0..10 {
-            call(&breaker, Outcome::Failed);
+            call(&breaker, CallEnd::Failed);
             clock.advance(WINDOW / 2 + 1);
         }
         assert_eq!(breaker.state(), BreakerState::Closed);
@@ -363,8 +363,8 @@ mod tests {
     fn failures_among_more_answers_do_not_open_it() {
         let (_, breaker) = breaker();
         for _ in 0..10 {
-            call(&breaker, Outcome::Failed);
-            calls(&breaker, Outcome::Answered, 2);
+            call(&breaker, CallEnd::Failed);
+            calls(&breaker, CallEnd::Answered, 2);
         }
         assert_eq!(breaker.state(), BreakerState::Closed);
     }
@@ -377,8 +377,8 @@ mod tests {
             let slow = breaker.admit();
             let fast = breaker.admit();
             clock.advance(WINDOW / 10);
-            breaker.record(fast, Outcome::Answered, started);
-            breaker.record(slow, Outcome::TimedOut, started);
+            breaker.record(fast, CallEnd::Answered, started);
+            breaker.record(slow, CallEnd::TimedOut, started);
         }
         assert_eq!(breaker.state(), BreakerState::Closed);
     }
@@ -386,16 +386,16 @@ mod tests {
     #[test]
     fn a_whole_window_without_an_answer_opens_it() {
         let (clock, breaker) = breaker();
-        call(&breaker, Outcome::Answered);
+        call(&breaker, CallEnd::Answered);
         let started = breaker.now();
         let first = breaker.admit();
         clock.advance(WINDOW / 2);
-        breaker.record(first, Outcome::TimedOut, started);
+        breaker.record(first, CallEnd::TimedOut, started);
         assert_eq!(breaker.state(), BreakerState::Closed);
         let started = breaker.now();
         let second = breaker.admit();
         clock.advance(WINDOW / 2);
-        breaker.record(second, Outcome::TimedOut, started);
+        breaker.record(second, CallEnd::TimedOut, started);
         assert_eq!(breaker.state(), BreakerState::Open);
     }
 
@@ -405,7 +405,7 @@ mod tests {
         let started = breaker.now();
         let waiting = breaker.admit();
         clock.advance(WINDOW / 10);
-        breaker.record(waiting, Outcome::TimedOut, started);
+        breaker.record(waiting, CallEnd::TimedOut, started);
         clock.advance(WINDOW);
         assert_eq!(breaker.admit(), Admission::Reject);
         assert_eq!(breaker.state(), BreakerState::Open);
@@ -423,7 +423,7 @@ mod tests {
     #[test]
     fn an_idle_backend_is_not_silent() {
         let (clock, breaker) = breaker();
-        call(&breaker, Outcome::Answered);
+        call(&breaker, CallEnd::Answered);
         clock.advance(10 * WINDOW);
         assert_eq!(breaker.admit(), Admission::Call);
     }
@@ -431,7 +431,7 @@ mod tests {
     #[test]
     fn after_the_cooldown_exactly_one_probe_goes_through() {
         let (clock, breaker) = breaker();
-        calls(&breaker, Outcome::Failed, 3);
+        calls(&breaker, CallEnd::Failed, 3);
         clock.advance(500_000);
         assert_eq!(breaker.admit(), Admission::Probe);
         assert_eq!(breaker.admit(), Admission::Reject);
@@ -440,15 +440,15 @@ mod tests {
     #[test]
     fn an_answered_probe_closes_and_a_timed_out_one_reopens() {
         let (clock, breaker) = breaker();
-        calls(&breaker, Outcome::Failed, 3);
+        calls(&breaker, CallEnd::Failed, 3);
         clock.advance(500_000);
         let probe = breaker.admit();
-        breaker.record(probe, Outcome::TimedOut, breaker.now());
+        breaker.record(probe, CallEnd::TimedOut, breaker.now());
         assert_eq!(breaker.admit(), Admission::Reject);
         clock.advance(500_000);
         let probe = breaker.admit();
         assert_eq!(probe, Admission::Probe);
-        breaker.record(probe, Outcome::Answered, breaker.now());
+        breaker.record(probe, CallEnd::Answered, breaker.now());
         assert_eq!(breaker.state(), BreakerState::Closed);
         assert_eq!(breaker.admit(), Admission::Call);
     }

@@ -83,7 +83,7 @@ struct Changes {
 
 /// Why work was refused.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Refusal {
+pub enum ShedReason {
     /// The connection is at its limit.
     Full,
     /// The request's deadline is nearer than the wait calls have had lately.
@@ -119,7 +119,7 @@ impl Capacity {
 
     /// Takes room for `hits` hits that must be answered by `deadline`, or refuses them. The
     /// room is given back with [`release`](Self::release).
-    pub fn admit(&self, hits: usize, now: Instant, deadline: Instant) -> Result<(), Refusal> {
+    pub fn admit(&self, hits: usize, now: Instant, deadline: Instant) -> Result<(), ShedReason> {
         let limit = self.limit.load(Ordering::Relaxed);
         let before = self.in_flight.fetch_add(hits, Ordering::AcqRel);
         // One request is always admitted on an idle connection, whatever its size and
@@ -129,13 +129,13 @@ impl Capacity {
             return Ok(());
         }
         let refusal = if before + hits > limit {
-            Some(Refusal::Full)
+            Some(ShedReason::Full)
         } else if before + hits <= FLOOR {
             None
         } else {
             let expected = self.expected_wait_micros.load(Ordering::Relaxed);
             (deadline.saturating_duration_since(now) < Duration::from_micros(expected))
-                .then_some(Refusal::TooLate)
+                .then_some(ShedReason::TooLate)
         };
         match refusal {
             Some(refusal) => {
@@ -252,7 +252,7 @@ mod tests {
         capacity
             .admit(INITIAL, now, deadline)
             .expect("room for the limit");
-        assert_eq!(capacity.admit(1, now, deadline), Err(Refusal::Full));
+        assert_eq!(capacity.admit(1, now, deadline), Err(ShedReason::Full));
         capacity.release(1);
         assert_eq!(capacity.admit(1, now, deadline), Ok(()));
         assert_eq!(capacity.in_flight(), INITIAL);
@@ -370,7 +370,10 @@ mod tests {
             capacity.answered(times(Duration::from_millis(4), QUICK), now);
         }
         capacity.admit(FLOOR, now, later(now, 10)).expect("room");
-        assert_eq!(capacity.admit(1, now, later(now, 2)), Err(Refusal::TooLate));
+        assert_eq!(
+            capacity.admit(1, now, later(now, 2)),
+            Err(ShedReason::TooLate)
+        );
         assert_eq!(capacity.admit(1, now, later(now, 10)), Ok(()));
     }
 
@@ -384,7 +387,10 @@ mod tests {
         for _ in 0..FLOOR {
             assert_eq!(capacity.admit(1, now, later(now, 2)), Ok(()));
         }
-        assert_eq!(capacity.admit(1, now, later(now, 2)), Err(Refusal::TooLate));
+        assert_eq!(
+            capacity.admit(1, now, later(now, 2)),
+            Err(ShedReason::TooLate)
+        );
     }
 
     #[tokio::test(start_paused = true)]

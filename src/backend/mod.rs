@@ -21,7 +21,7 @@ use futures_util::future::BoxFuture;
 use tokio::time::Instant;
 
 pub use breaker::Breaker;
-use breaker::{Admission, BreakerState, Outcome};
+use breaker::{Admission, BreakerState, CallEnd};
 pub use memory::MemoryBackend;
 pub use over_limit::{CacheCounts, OverLimitCache};
 pub use redis::{RedisBackend, RedisClusterBackend, RedisOptions, RedisTls};
@@ -227,12 +227,12 @@ pub struct Answers {
     pub results: Vec<Result<Decision, BackendError>>,
     /// One per hit, or empty when every answer came from the store (the common case, kept
     /// free of an allocation).
-    origins: Vec<Origin>,
+    origins: Vec<AnsweredBy>,
 }
 
 /// Where one answer came from, for the rule statistics.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Origin {
+pub enum AnsweredBy {
     /// The store counted the hit (or failed to).
     Store,
     /// The over-limit cache rejected it without the store.
@@ -249,8 +249,11 @@ impl Answers {
         }
     }
 
-    pub fn origin(&self, index: usize) -> Origin {
-        self.origins.get(index).copied().unwrap_or(Origin::Store)
+    pub fn origin(&self, index: usize) -> AnsweredBy {
+        self.origins
+            .get(index)
+            .copied()
+            .unwrap_or(AnsweredBy::Store)
     }
 }
 
@@ -381,8 +384,8 @@ impl Backend {
         } else if on_reject == OnReject::ConsumeNothing && cached_rejection_binds(hits, &cached) {
             origins = (cached.iter())
                 .map(|answer| match answer {
-                    Some(_) => Origin::OverLimitCache,
-                    None => Origin::NotConsulted,
+                    Some(_) => AnsweredBy::OverLimitCache,
+                    None => AnsweredBy::NotConsulted,
                 })
                 .collect();
             cached
@@ -392,8 +395,8 @@ impl Backend {
         } else {
             origins = (cached.iter())
                 .map(|answer| match answer {
-                    Some(_) => Origin::OverLimitCache,
-                    None => Origin::Store,
+                    Some(_) => AnsweredBy::OverLimitCache,
+                    None => AnsweredBy::Store,
                 })
                 .collect();
             let pending: Vec<CounterHit<'_>> = hits
@@ -415,7 +418,7 @@ impl Backend {
         };
         let answers = Answers { results, origins };
         for (i, (hit, result)) in hits.iter().zip(&answers.results).enumerate() {
-            if let (Ok(decision), Origin::Store) = (result, answers.origin(i)) {
+            if let (Ok(decision), AnsweredBy::Store) = (result, answers.origin(i)) {
                 cache.observe(&hit.key, decision, asked);
             }
         }
@@ -451,10 +454,10 @@ impl Backend {
                 (per_second.give_back(&second_hits, &mut second_answers.results, deadline)).await;
             }
         }
-        let mut merged: Vec<Option<(Result<Decision, BackendError>, Origin)>> =
+        let mut merged: Vec<Option<(Result<Decision, BackendError>, AnsweredBy)>> =
             (0..hits.len()).map(|_| None).collect();
         for (indices, answers) in [(seconds, second_answers), (others, other_answers)] {
-            let origins: Vec<Origin> = (0..indices.len()).map(|j| answers.origin(j)).collect();
+            let origins: Vec<AnsweredBy> = (0..indices.len()).map(|j| answers.origin(j)).collect();
             for ((i, result), origin) in indices.into_iter().zip(answers.results).zip(origins) {
                 merged[i] = Some((result, origin));
             }
@@ -463,7 +466,7 @@ impl Backend {
             .map(|answer| {
                 answer.unwrap_or_else(|| {
                     let missing = BackendError::Protocol("fewer answers than calls".into());
-                    (Err(missing), Origin::Store)
+                    (Err(missing), AnsweredBy::Store)
                 })
             })
             .unzip();
@@ -509,7 +512,7 @@ impl Backend {
         match outcome(&results) {
             Some(outcome) => {
                 self.stats.record_call(started.elapsed(), &results);
-                if outcome != Outcome::Answered
+                if outcome != CallEnd::Answered
                     && let Some(error) = results.iter().find_map(|result| result.as_ref().err())
                 {
                     breaker.note_error(error);
@@ -527,7 +530,7 @@ impl Backend {
                     self.stats.record_shed();
                 }
                 if admission == Admission::Probe {
-                    breaker.record(admission, Outcome::TimedOut, since);
+                    breaker.record(admission, CallEnd::TimedOut, since);
                 }
             }
         }
@@ -632,12 +635,12 @@ impl Backend {
         if admission == Admission::Probe {
             let since = breaker.now();
             let outcome = match self.store.probe().await {
-                Ok(()) => Outcome::Answered,
+                Ok(()) => CallEnd::Answered,
                 Err(error) => {
                     breaker.note_error(&error);
                     match error {
-                        BackendError::Timeout(_) | BackendError::NotReady(_) => Outcome::TimedOut,
-                        _ => Outcome::Failed,
+                        BackendError::Timeout(_) | BackendError::NotReady(_) => CallEnd::TimedOut,
+                        _ => CallEnd::Failed,
                     }
                 }
             };
@@ -698,7 +701,7 @@ pub(crate) fn settle_give_backs(
 /// What a call's results say about the backend, for the breaker: answered when any hit got
 /// an answer (a hit's own error is an answer too), failed when the call failed as a whole,
 /// timed out when no answer came in time; `None` when it was shed before it was sent.
-fn outcome(results: &[Result<Decision, BackendError>]) -> Option<Outcome> {
+fn outcome(results: &[Result<Decision, BackendError>]) -> Option<CallEnd> {
     let mut outcome = None;
     for result in results {
         let this = match result {
@@ -711,7 +714,7 @@ fn outcome(results: &[Result<Decision, BackendError>]) -> Option<Outcome> {
                     answering: true, ..
                 },
             ) => {
-                return Some(Outcome::Answered);
+                return Some(CallEnd::Answered);
             }
             Err(BackendError::Overloaded(_) | BackendError::TooFar { .. }) => continue,
             Err(
@@ -720,15 +723,15 @@ fn outcome(results: &[Result<Decision, BackendError>]) -> Option<Outcome> {
                 | BackendError::Unsent {
                     answering: false, ..
                 },
-            ) => Outcome::TimedOut,
+            ) => CallEnd::TimedOut,
             Err(
                 BackendError::Unavailable(_)
                 | BackendError::NothingCounted(_)
                 | BackendError::Config(_),
-            ) => Outcome::Failed,
+            ) => CallEnd::Failed,
         };
         // A failure says more than a timeout: the backend refused, not just took long.
-        if outcome != Some(Outcome::Failed) {
+        if outcome != Some(CallEnd::Failed) {
             outcome = Some(this);
         }
     }

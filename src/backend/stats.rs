@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use super::BackendError;
-use crate::instruments::{Counter, Histogram};
+use crate::instruments::{Histogram, Tally};
 use crate::limiter::Decision;
 
 /// Why a remote backend call failed, as `floodgate_backend_errors_total` labels it.
@@ -66,8 +66,8 @@ impl ErrorKind {
 #[derive(Debug, Default)]
 pub struct BackendStats {
     calls: Histogram,
-    errors: [Counter; ErrorKind::ALL.len()],
-    shed: Counter,
+    errors: [Tally; ErrorKind::ALL.len()],
+    shed: Tally,
 }
 
 impl BackendStats {

@@ -1,4 +1,4 @@
-//! The instruments every layer counts with: a monotonic [`Counter`] and a latency
+//! The instruments every layer counts with: a monotonic [`Tally`] and a latency
 //! [`Histogram`], each a few relaxed atomics. The layers that count (rules, backend, service)
 //! own their instruments; `metrics` reads them to render `/metrics` and statsd.
 
@@ -11,9 +11,9 @@ pub use histogram::{BOUNDS_MICROS, Histogram, Snapshot};
 /// A monotonically increasing count, which stops at `u64::MAX` rather than wrap (a data
 /// plane may report that many requests at once).
 #[derive(Debug, Default)]
-pub struct Counter(AtomicU64);
+pub struct Tally(AtomicU64);
 
-impl Counter {
+impl Tally {
     pub fn add(&self, amount: u64) {
         if amount > 0 {
             let previous = self.0.fetch_add(amount, Ordering::Relaxed);

@@ -23,14 +23,14 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 pub use exposition::CONTENT_TYPE;
-pub use quota::{QuotaStats, Refusal, Strategy};
+pub use quota::{QuotaStats, ReportRefusal, Strategy};
 pub use rule_stats::MAX_REQUEST_LABELLED_SERIES;
 
 use exposition::{Exposition, Kind};
 use rule_stats::{RuleRegistry, SeriesLabels};
 
 use crate::backend::{Backend, CacheCounts, MemoryBackend};
-use crate::instruments::{Counter, Histogram};
+use crate::instruments::{Histogram, Tally};
 use crate::proto::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry;
 use crate::rules::{Judged, MetricLevel, Origin, Rule, RuleStats};
 
@@ -76,7 +76,7 @@ pub struct Metrics {
     rules: RuleRegistry,
     requests: [RequestStats; Endpoint::ALL.len()],
     config_loads: ConfigLoads,
-    global_shadow_mode: Counter,
+    global_shadow_mode: Tally,
     quota: QuotaStats,
     /// Requests for a domain no rule file names, by that domain (at most
     /// [`MAX_UNKNOWN_DOMAINS`] of them, then [`OTHER_DOMAINS`]).
@@ -103,7 +103,7 @@ impl Metrics {
             rules: RuleRegistry::default(),
             requests: Default::default(),
             config_loads: ConfigLoads::default(),
-            global_shadow_mode: Counter::default(),
+            global_shadow_mode: Tally::default(),
             quota: QuotaStats::default(),
             domains_not_found: Default::default(),
         }
@@ -302,8 +302,8 @@ impl Metrics {
             totals.push((name, count));
         }
         let grpc = self.requests(Endpoint::GrpcShouldRateLimit);
-        let served = (grpc.codes.iter()).map(Counter::get).sum::<u64>()
-            + UNDECODABLE.load(Ordering::Relaxed);
+        let served =
+            (grpc.codes.iter()).map(Tally::get).sum::<u64>() + UNDECODABLE.load(Ordering::Relaxed);
         totals.push((
             "ratelimit_server.ShouldRateLimit.total_requests".into(),
             served,
@@ -546,8 +546,8 @@ fn configured_labels(domain: &str, rule: &Rule) -> SeriesLabels {
 /// Rule-set loads that succeeded and failed (`ratelimit_service_config_load_*`).
 #[derive(Debug, Default)]
 pub struct ConfigLoads {
-    success: Counter,
-    error: Counter,
+    success: Tally,
+    error: Tally,
 }
 
 impl ConfigLoads {
@@ -638,7 +638,7 @@ impl Code {
 /// statsd timer, a sample of those times in µs).
 #[derive(Debug, Default)]
 pub struct RequestStats {
-    codes: [Counter; Code::ALL.len()],
+    codes: [Tally; Code::ALL.len()],
     duration: Histogram,
     times: samples::Samples,
 }

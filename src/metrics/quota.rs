@@ -7,7 +7,7 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicI64, Ordering};
 
 use super::exposition::{Exposition, Kind};
-use crate::instruments::Counter;
+use crate::instruments::Tally;
 
 /// What an assignment told a data plane.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -31,18 +31,18 @@ impl Strategy {
 
 /// Why a report was refused, ending its stream.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Refusal {
+pub enum ReportRefusal {
     /// The report or one of its buckets cannot be read (gRPC INVALID_ARGUMENT).
     Forbidden,
 }
 
-impl Refusal {
-    const ALL: [Refusal; 1] = [Refusal::Forbidden];
+impl ReportRefusal {
+    const ALL: [ReportRefusal; 1] = [ReportRefusal::Forbidden];
 
     /// The gRPC status code the stream ends with.
     pub fn code_name(self) -> &'static str {
         match self {
-            Refusal::Forbidden => "INVALID_ARGUMENT",
+            ReportRefusal::Forbidden => "INVALID_ARGUMENT",
         }
     }
 }
@@ -58,14 +58,14 @@ const UNMATCHED_DOMAINS_KEPT: usize = 1_000;
 /// Counted by `crate::quota` as streams come and go.
 #[derive(Debug, Default)]
 pub struct QuotaStats {
-    streams_opened: Counter,
+    streams_opened: Tally,
     streams_open: AtomicI64,
     buckets: AtomicI64,
-    reports: Counter,
-    assignments: [Counter; Strategy::ALL.len()],
-    abandoned: Counter,
-    refused: [Counter; Refusal::ALL.len()],
-    pushed: Counter,
+    reports: Tally,
+    assignments: [Tally; Strategy::ALL.len()],
+    abandoned: Tally,
+    refused: [Tally; ReportRefusal::ALL.len()],
+    pushed: Tally,
     /// Reported buckets no rule matches, by domain (those the rules know).
     unmatched: Mutex<BTreeMap<String, u64>>,
 }
@@ -116,7 +116,7 @@ impl QuotaStats {
     }
 
     /// A report refused, which ended its stream.
-    pub fn refused(&self, why: Refusal) {
+    pub fn refused(&self, why: ReportRefusal) {
         self.refused[why as usize].add(1);
     }
 
@@ -176,7 +176,7 @@ impl QuotaStats {
         let help = "RLQS reports refused, ending their stream, by gRPC status: INVALID_ARGUMENT \
                     (it, or a bucket of it, cannot be read).";
         page.family(name, Kind::Counter, help);
-        for why in Refusal::ALL {
+        for why in ReportRefusal::ALL {
             let count = self.refused[why as usize].get();
             page.sample(name, &[("code", why.code_name())], count);
         }

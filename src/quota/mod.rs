@@ -46,7 +46,7 @@ use crate::proto::envoy::service::rate_limit_quota::v3::{
 };
 use crate::backend::BackendError;
 use crate::clock::{Clock, SystemClock};
-use crate::metrics::{Code, Refusal, Strategy as Assigned};
+use crate::metrics::{Code, ReportRefusal, Strategy as Assigned};
 use crate::rules::{OnBackendError, RuleSet};
 use crate::service::RateLimiter;
 use crate::service::quota::{
@@ -283,7 +283,7 @@ struct Charge {
 #[derive(Default)]
 struct Reply {
     actions: Vec<BucketAction>,
-    refusal: Option<(Refusal, Status)>,
+    refusal: Option<(ReportRefusal, Status)>,
 }
 
 impl Reply {
@@ -291,7 +291,7 @@ impl Reply {
     fn forbidden(status: Status) -> Self {
         Reply {
             actions: Vec::new(),
-            refusal: Some((Refusal::Forbidden, status)),
+            refusal: Some((ReportRefusal::Forbidden, status)),
         }
     }
 }
@@ -481,7 +481,7 @@ impl QuotaStream {
         }
         if !invalid.is_empty() {
             let refusal = Status::invalid_argument(listed(&invalid, "; "));
-            reply.refusal = Some((Refusal::Forbidden, refusal));
+            reply.refusal = Some((ReportRefusal::Forbidden, refusal));
         }
         reply
     }

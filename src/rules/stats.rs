@@ -3,21 +3,21 @@
 
 use std::sync::{Arc, OnceLock};
 
-use crate::instruments::Counter;
+use crate::instruments::Tally;
 use crate::limiter::Decision;
 
 /// One rule's hit counts, each in hits (a request's cost), not requests.
 #[derive(Debug, Default)]
 pub struct RuleStats {
-    pub total_hits: Counter,
-    pub over_limit: Counter,
+    pub total_hits: Tally,
+    pub over_limit: Tally,
     /// Hits that brought the count above `near_limit_ratio` × limit, over the limit or not.
-    pub near_limit: Counter,
-    pub within_limit: Counter,
+    pub near_limit: Tally,
+    pub within_limit: Tally,
     /// Over-limit hits that a `shadow_mode` rule let through.
-    pub shadow_mode: Counter,
+    pub shadow_mode: Tally,
     /// Over-limit hits answered from the over-limit cache, without the backend.
-    pub over_limit_with_local_cache: Counter,
+    pub over_limit_with_local_cache: Tally,
 }
 
 /// How a descriptor's hits were judged, for its rule's statistics.

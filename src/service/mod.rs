@@ -23,7 +23,9 @@ use std::time::Duration;
 use arc_swap::ArcSwap;
 use tokio::time::Instant;
 
-use crate::backend::{Answers, Backend, BackendError, CounterHit, MemoryBackend, OnReject, Origin};
+use crate::backend::{
+    AnsweredBy, Answers, Backend, BackendError, CounterHit, MemoryBackend, OnReject,
+};
 use crate::limiter::{CounterKey, Decision, Limit, SECOND_MICROS};
 use crate::metrics::Metrics;
 use crate::proto::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
@@ -317,7 +319,7 @@ impl RateLimiter {
         hits: &[CounterHit<'_>],
         policies: Vec<OnBackendError>,
         mut answers: Answers,
-    ) -> Result<(Vec<Decision>, Vec<Origin>), BackendFailure> {
+    ) -> Result<(Vec<Decision>, Vec<AnsweredBy>), BackendFailure> {
         let results = std::mem::take(&mut answers.results);
         // Stops at the first hit answered (the common case): that hit was counted.
         let nothing_counted = (results.iter().zip(&policies)).all(|(result, policy)| {
@@ -330,7 +332,7 @@ impl RateLimiter {
                 let origin = answers.origin(index);
                 let counted = result.is_ok() || policy == OnBackendError::Local;
                 judged_by.push(match origin {
-                    Origin::Store if !counted => Origin::NotConsulted,
+                    AnsweredBy::Store if !counted => AnsweredBy::NotConsulted,
                     origin => origin,
                 });
                 result.or_else(|error| self.fallback(hit, policy, error))

@@ -1,7 +1,7 @@
 //! Feeds one request's outcome into the rule statistics: per descriptor that matched a rule
 //! or carried an override, its hits and how its reported limit judged them.
 
-use crate::backend::Origin;
+use crate::backend::AnsweredBy;
 use crate::limiter::Decision;
 use crate::metrics::Metrics;
 use crate::proto::envoy::service::ratelimit::v3::RateLimitRequest;
@@ -17,7 +17,7 @@ pub(super) fn record(
     request: &RateLimitRequest,
     resolutions: &[Resolution<'_>],
     decisions: &[Decision],
-    origins: &[Origin],
+    origins: &[AnsweredBy],
 ) {
     let mut offset = 0;
     for (descriptor, resolution) in request.descriptors.iter().zip(resolutions) {
@@ -34,9 +34,9 @@ pub(super) fn record(
                 };
                 let shadow = rule.is_some_and(|rule| rule.shadow_mode);
                 let judged = match origins.get(first + index) {
-                    Some(Origin::OverLimitCache) => Judged::FromCache { shadow },
-                    Some(Origin::NotConsulted) | None => Judged::Undecided,
-                    Some(Origin::Store) => Judged::Counted {
+                    Some(AnsweredBy::OverLimitCache) => Judged::FromCache { shadow },
+                    Some(AnsweredBy::NotConsulted) | None => Judged::Undecided,
+                    Some(AnsweredBy::Store) => Judged::Counted {
                         decision,
                         capacity: limits[index].1.capacity(),
                         shadow,

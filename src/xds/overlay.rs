@@ -76,10 +76,7 @@ impl Overlays {
         let entries: Vec<&Overlay> = (self.entries.iter())
             .filter(|overlay| overlay.domain == domain)
             .collect();
-        let outcomes = entries
-            .iter()
-            .map(|_| Cell::new(Outcome::Unmatched))
-            .collect();
+        let outcomes = entries.iter().map(|_| Cell::new(Fate::Unmatched)).collect();
         DomainOverlays { entries, outcomes }
     }
 }
@@ -89,11 +86,11 @@ impl Overlays {
 pub struct DomainOverlays<'o> {
     entries: Vec<&'o Overlay>,
     /// What became of each entry so far.
-    outcomes: Vec<Cell<Outcome>>,
+    outcomes: Vec<Cell<Fate>>,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq)]
-enum Outcome {
+enum Fate {
     Unmatched,
     /// It names a descriptor without a `rate_limit` and has limit fields to add.
     NoLimit,
@@ -136,13 +133,13 @@ impl<'o> DomainOverlays<'o> {
                 continue;
             }
             let outcome = if descriptor.rate_limit.is_none() && overlay.has_limit_fields() {
-                Outcome::NoLimit
+                Fate::NoLimit
             } else {
                 overlay.add_to(&mut additions);
-                Outcome::Applied
+                Fate::Applied
             };
             // One descriptor it applied to is enough, whatever a duplicate of it had.
-            if self.outcomes[index].get() != Outcome::Applied {
+            if self.outcomes[index].get() != Fate::Applied {
                 self.outcomes[index].set(outcome);
             }
         }
@@ -154,9 +151,9 @@ impl<'o> DomainOverlays<'o> {
         (self.entries.iter().zip(&self.outcomes))
             .filter_map(|(overlay, outcome)| {
                 let why = match outcome.get() {
-                    Outcome::Applied => return None,
-                    Outcome::Unmatched => "no such descriptor in the snapshot",
-                    Outcome::NoLimit => "the descriptor has no rate_limit to extend",
+                    Fate::Applied => return None,
+                    Fate::Unmatched => "no such descriptor in the snapshot",
+                    Fate::NoLimit => "the descriptor has no rate_limit to extend",
                 };
                 let path = overlay.path.join(" > ");
                 Some(format!("overlay {} > {path}: {why}", overlay.domain))

@@ -71,7 +71,7 @@ use super::deadline::{EPOCH, RedisClock};
 use super::script::{self, Group, Mode, PlannedHit, ScriptClock, Scripts, Target};
 use super::{RanAt, Results, batch_results, is_noscript, lock};
 use crate::backend::BackendError;
-use crate::backend::capacity::{CallTimes, Capacity, Refusal};
+use crate::backend::capacity::{CallTimes, Capacity, ShedReason};
 use crate::backend::recent::RecentLeast;
 use crate::clock::Clock;
 use crate::limiter::{Decision, Hits, Limit};
@@ -304,8 +304,8 @@ impl<L: Link> Lane<L> {
         }
         if let Err(refusal) = self.state.capacity.admit(count, now, deadline) {
             let why = match refusal {
-                Refusal::Full => "redis has as many hits in flight as it answers in time",
-                Refusal::TooLate => "the deadline is nearer than the current wait for redis",
+                ShedReason::Full => "redis has as many hits in flight as it answers in time",
+                ShedReason::TooLate => "the deadline is nearer than the current wait for redis",
             };
             return vec![Err(BackendError::Overloaded(why)); count];
         }

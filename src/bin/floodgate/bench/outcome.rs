@@ -13,7 +13,7 @@ use floodgate::proto::envoy::service::ratelimit::v3::rate_limit_response::Code a
 /// measure; the others say why a request did not (and a server that sheds or fails fast can
 /// look fast, so they are reported next to the throughput, never folded into it).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Outcome {
+pub enum AnswerClass {
     /// OK or OVER_LIMIT: the server made every decision the request asked for.
     Decided { over_limit: bool },
     /// UNAVAILABLE because the server shed the request: Redis was saturated and the rule's
@@ -25,23 +25,23 @@ pub enum Outcome {
     Error,
 }
 
-impl Outcome {
+impl AnswerClass {
     /// The class of an answer.
-    pub fn of(answer: &Result<RateLimitResponse, Status>) -> Outcome {
+    pub fn of(answer: &Result<RateLimitResponse, Status>) -> AnswerClass {
         match answer {
-            Ok(response) => Outcome::Decided {
+            Ok(response) => AnswerClass::Decided {
                 over_limit: response.overall_code == OverallCode::OverLimit as i32,
             },
-            Err(status) => Outcome::of_status(status),
+            Err(status) => AnswerClass::of_status(status),
         }
     }
 
     /// The class of a failed request.
-    pub fn of_status(status: &Status) -> Outcome {
+    pub fn of_status(status: &Status) -> AnswerClass {
         match status.code() {
-            Code::Unavailable if status.message().contains("overloaded") => Outcome::Shed,
-            Code::Unavailable => Outcome::Unavailable,
-            _ => Outcome::Error,
+            Code::Unavailable if status.message().contains("overloaded") => AnswerClass::Shed,
+            Code::Unavailable => AnswerClass::Unavailable,
+            _ => AnswerClass::Error,
         }
     }
 }
@@ -77,7 +77,7 @@ pub fn describe(status: &Status) -> String {
 /// One request, timed.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Sample {
-    pub outcome: Outcome,
+    pub outcome: AnswerClass,
     pub timed_out: bool,
     /// A failed request's [`describe`]d status.
     pub failure: Option<String>,
@@ -97,7 +97,7 @@ impl Sample {
         answered: Instant,
     ) -> Sample {
         Sample {
-            outcome: Outcome::of(answer),
+            outcome: AnswerClass::of(answer),
             timed_out: answer.as_ref().err().is_some_and(timed_out),
             failure: answer.as_ref().err().map(describe),
             latency: answered.saturating_duration_since(due),
@@ -155,15 +155,15 @@ impl Tally {
     pub fn record(&mut self, sample: &Sample) {
         let counts = &mut self.counts;
         match sample.outcome {
-            Outcome::Decided { over_limit } => {
+            AnswerClass::Decided { over_limit } => {
                 counts.decided += 1;
                 counts.over_limit += u64::from(over_limit);
                 self.latencies_micros.push(micros(sample.latency));
                 self.service_micros.push(micros(sample.service));
             }
-            Outcome::Shed => counts.shed += 1,
-            Outcome::Unavailable => counts.unavailable += 1,
-            Outcome::Error => counts.errors += 1,
+            AnswerClass::Shed => counts.shed += 1,
+            AnswerClass::Unavailable => counts.unavailable += 1,
+            AnswerClass::Error => counts.errors += 1,
         }
         counts.timed_out += u64::from(sample.timed_out);
         if let Some(failure) = &sample.failure {
@@ -231,42 +231,42 @@ mod tests {
     #[test]
     fn ok_and_over_limit_are_both_decided() {
         assert_eq!(
-            Outcome::of(&response(OverallCode::Ok)),
-            Outcome::Decided { over_limit: false }
+            AnswerClass::of(&response(OverallCode::Ok)),
+            AnswerClass::Decided { over_limit: false }
         );
         assert_eq!(
-            Outcome::of(&response(OverallCode::OverLimit)),
-            Outcome::Decided { over_limit: true }
+            AnswerClass::of(&response(OverallCode::OverLimit)),
+            AnswerClass::Decided { over_limit: true }
         );
     }
 
     #[test]
     fn unavailable_saying_overloaded_is_shed() {
         let status = Status::unavailable("backend overloaded: 5000 requests waiting");
-        assert_eq!(Outcome::of(&Err(status)), Outcome::Shed);
+        assert_eq!(AnswerClass::of(&Err(status)), AnswerClass::Shed);
     }
 
     #[test]
     fn other_unavailable_is_unavailable() {
         let status = Status::unavailable("backend error: connection refused");
-        assert_eq!(Outcome::of(&Err(status)), Outcome::Unavailable);
+        assert_eq!(AnswerClass::of(&Err(status)), AnswerClass::Unavailable);
     }
 
     #[test]
     fn overloaded_with_another_code_is_an_error() {
         let status = Status::resource_exhausted("overloaded");
-        assert_eq!(Outcome::of_status(&status), Outcome::Error);
+        assert_eq!(AnswerClass::of_status(&status), AnswerClass::Error);
     }
 
     #[test]
     fn deadline_and_cancellation_are_errors() {
         assert_eq!(
-            Outcome::of_status(&Status::deadline_exceeded("late")),
-            Outcome::Error
+            AnswerClass::of_status(&Status::deadline_exceeded("late")),
+            AnswerClass::Error
         );
         assert_eq!(
-            Outcome::of_status(&Status::cancelled("Timeout expired")),
-            Outcome::Error
+            AnswerClass::of_status(&Status::cancelled("Timeout expired")),
+            AnswerClass::Error
         );
     }
 
