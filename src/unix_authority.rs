@@ -7,7 +7,11 @@
 //! On a Unix-socket connection, [`UnixAuthority`] reads the client's header blocks on their
 //! way to h2. A block whose `:authority` h2 would refuse goes on with `localhost` instead
 //! (what grpc-go sends on a Unix socket; on a socket the authority names nothing). Every
-//! other byte, and every block before the first rewritten one, passes unchanged.
+//! other byte, and every block before the first rewritten one, passes unchanged: until a
+//! block must be rewritten, the client's bytes are read straight into h2's own buffer and
+//! walked where they lie (only a frame header or header block split across reads is
+//! held back until whole), so a client such as Envoy, whose authority is valid, costs the
+//! decoding of its header blocks and no copy or extra read.
 //!
 //! HPACK compresses a connection's header blocks against a table both ends keep, so a
 //! rewritten block cannot be spliced into the client's stream as it is: the client's blocks
@@ -87,6 +91,8 @@ struct Mender {
     rewriting: bool,
     /// The header frame being read, whole when `state` leaves [`State::Gathering`].
     frame: Vec<u8>,
+    /// The block last decoded.
+    fields: Fields,
     block: Option<Block>,
     /// What this connection counts in [`HELD`].
     held: usize,
@@ -127,6 +133,7 @@ impl Mender {
             decoder,
             rewriting: false,
             frame: Vec::new(),
+            fields: Fields::default(),
             block: None,
             held: 0,
             ended: false,
@@ -273,33 +280,170 @@ impl Mender {
     /// Decodes `block` against the client's table; sends it on as it came, or as literals
     /// with its authority mended.
     fn send_block(&mut self, block: Block) -> io::Result<()> {
-        let mut fields: Vec<(Vec<u8>, Vec<u8>)> = Vec::new();
-        let mut refused = false;
-        (self.decoder)
-            .decode_with_cb(&block.fragment, |name, value| {
-                if &*name == b":authority" && http::uri::Authority::try_from(&*value).is_err() {
-                    refused = true;
-                    fields.push((name.into_owned(), STANDIN.to_vec()));
-                } else {
-                    fields.push((name.into_owned(), value.into_owned()));
-                }
-            })
-            .map_err(|error| invalid(&format!("a header block HPACK cannot decode: {error:?}")))?;
-        if refused && !self.rewriting {
-            tracing::debug!("a Unix-socket client's :authority is no authority; sending localhost");
-        }
-        self.rewriting |= refused;
+        self.decode(&block.fragment)?;
         if !self.rewriting {
             self.output.extend_from_slice(&block.frames);
             return Ok(());
         }
-        let mut literals = Vec::new();
-        for (name, value) in &fields {
-            literal(name, value, &mut literals);
-        }
+        let literals = self.fields.literals();
         frames(&block, &literals, &mut self.output);
         Ok(())
     }
+
+    /// Decodes a block's `fragment` into `fields` against the client's table, its
+    /// authority mended; from a block whose authority needed it on, `rewriting`.
+    fn decode(&mut self, fragment: &[u8]) -> io::Result<()> {
+        let fields = &mut self.fields;
+        fields.clear();
+        (self.decoder)
+            .decode_with_cb(fragment, |name, value| fields.push(&name, &value))
+            .map_err(|error| invalid(&format!("a header block HPACK cannot decode: {error:?}")))?;
+        if fields.mended && !self.rewriting {
+            tracing::debug!("a Unix-socket client's :authority is no authority; sending localhost");
+        }
+        self.rewriting |= fields.mended;
+        Ok(())
+    }
+
+    /// Walks `read`, bytes just read into h2's own buffer while nothing is being rewritten:
+    /// frames pass where they lie, and each whole header block in them is decoded in place
+    /// (the client's table kept). Returns how many bytes go to h2 as they are; from there
+    /// on (a frame header or a header block not whole in `read`, or a block whose authority
+    /// was mended, which is then in `output`) the bytes are this one's to pass.
+    fn observe(&mut self, read: &[u8]) -> io::Result<usize> {
+        if read.is_empty() {
+            return Ok(0);
+        }
+        let mut at = 0;
+        loop {
+            let rest = &read[at..];
+            match self.state {
+                State::Preface(left) | State::Passing(left) if left > 0 => {
+                    let take = left.min(rest.len());
+                    if take == 0 {
+                        return Ok(self.stash(read, at));
+                    }
+                    at += take;
+                    self.state = match self.state {
+                        State::Preface(_) => State::Preface(left - take),
+                        _ => State::Passing(left - take),
+                    };
+                }
+                State::Preface(_) | State::Passing(_) => self.state = State::Head,
+                State::Gathering(_) => return Ok(self.stash(read, at)),
+                State::Head => {
+                    let Some(head) = rest.get(..FRAME_HEAD_BYTES) else {
+                        return Ok(self.stash(read, at));
+                    };
+                    let length = usize::from(head[0]) << 16
+                        | usize::from(head[1]) << 8
+                        | usize::from(head[2]);
+                    let (kind, flags) = (head[3], head[4]);
+                    if (kind != HEADERS && kind != CONTINUATION) || length > MAX_FRAME_BYTES {
+                        at += FRAME_HEAD_BYTES;
+                        self.state = State::Passing(length);
+                        continue;
+                    }
+                    let whole = rest.get(..FRAME_HEAD_BYTES + length);
+                    let Some(frame) = whole.filter(|_| kind == HEADERS && flags & END_HEADERS != 0)
+                    else {
+                        // A block not whole here: gathered until it is.
+                        return Ok(self.stash(read, at));
+                    };
+                    let (fragment, priority) = headers_fragment(flags, &frame[FRAME_HEAD_BYTES..])?;
+                    self.decode(fragment)?;
+                    if self.rewriting {
+                        let stream =
+                            u32::from_be_bytes([head[5], head[6], head[7], head[8]]) & 0x7fff_ffff;
+                        let block = Block {
+                            frames: Vec::new(),
+                            fragment: Vec::new(),
+                            stream,
+                            end_stream: flags & END_STREAM != 0,
+                            priority,
+                        };
+                        let literals = self.fields.literals();
+                        frames(&block, &literals, &mut self.output);
+                        // The frame is passed mended; what follows it, by `pass`.
+                        self.input.extend_from_slice(&rest[frame.len()..]);
+                        return Ok(at);
+                    }
+                    at += frame.len();
+                }
+            }
+        }
+    }
+
+    /// `read` from `at` on, taken to be passed by [`Mender::pass`]; `at`.
+    fn stash(&mut self, read: &[u8], at: usize) -> usize {
+        self.input.extend_from_slice(&read[at..]);
+        at
+    }
+
+    /// Whether the next bytes may be read straight into h2's buffer and walked there:
+    /// nothing is held, pending or being rewritten.
+    fn observing(&self) -> bool {
+        !self.rewriting
+            && self.input.is_empty()
+            && self.sent >= self.output.len()
+            && self.frame.is_empty()
+            && self.block.is_none()
+            && !matches!(self.state, State::Gathering(_))
+    }
+}
+
+/// A header block's fields, decoded into one buffer (no allocation per field), its
+/// authority mended.
+#[derive(Default)]
+struct Fields {
+    bytes: Vec<u8>,
+    /// Where each field's name ends and its value ends, in `bytes`.
+    ends: Vec<(usize, usize)>,
+    /// Whether an authority h2 would refuse was replaced.
+    mended: bool,
+}
+
+impl Fields {
+    fn clear(&mut self) {
+        self.bytes.clear();
+        self.ends.clear();
+        self.mended = false;
+    }
+
+    fn push(&mut self, name: &[u8], value: &[u8]) {
+        let value = if name == b":authority" && !is_authority(value) {
+            self.mended = true;
+            STANDIN
+        } else {
+            value
+        };
+        self.bytes.extend_from_slice(name);
+        let name_end = self.bytes.len();
+        self.bytes.extend_from_slice(value);
+        self.ends.push((name_end, self.bytes.len()));
+    }
+
+    /// The fields as literals never indexed.
+    fn literals(&self) -> Vec<u8> {
+        let mut out = Vec::with_capacity(self.bytes.len() + 4 * self.ends.len());
+        let mut start = 0;
+        for &(name_end, value_end) in &self.ends {
+            literal(
+                &self.bytes[start..name_end],
+                &self.bytes[name_end..value_end],
+                &mut out,
+            );
+            start = value_end;
+        }
+        out
+    }
+}
+
+/// Whether h2 takes `value` as an authority. Host names, addresses and ports are checked
+/// without allocating; anything else (a `%`, a `/`, user info) as h2 checks it.
+fn is_authority(value: &[u8]) -> bool {
+    let plain = |b: &u8| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'-' | b':' | b'_');
+    (!value.is_empty() && value.iter().all(plain)) || http::uri::Authority::try_from(value).is_ok()
 }
 
 /// A HEADERS payload's fragment (padding and priority fields taken off), and its priority.
@@ -426,6 +570,24 @@ impl<IO: AsyncRead + Unpin> AsyncRead for UnixAuthority<IO> {
             if mender.ended {
                 return Poll::Ready(Ok(()));
             }
+            if mender.observing() {
+                // h2's own buffer, as large as it asks: its reads batch as without this.
+                let before = buf.filled().len();
+                ready!(Pin::new(&mut this.io).poll_read(cx, buf))?;
+                if buf.filled().len() == before {
+                    mender.ended = true;
+                    continue;
+                }
+                let keep = mender.observe(&buf.filled()[before..])?;
+                buf.set_filled(before + keep);
+                if !mender.input.is_empty() {
+                    mender.advance()?;
+                }
+                if keep > 0 {
+                    return Poll::Ready(Ok(()));
+                }
+                continue;
+            }
             let mut chunk = [0u8; READ_BYTES];
             let mut read = ReadBuf::new(&mut chunk);
             ready!(Pin::new(&mut this.io).poll_read(cx, &mut read))?;
@@ -475,18 +637,55 @@ mod tests {
 
     const PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
 
-    /// What h2 receives of `input` fed `chunk` bytes at a time.
-    fn mend(input: &[u8], chunk: usize) -> io::Result<Vec<u8>> {
-        let mut mender = Mender::new();
-        let mut received = Vec::new();
-        for piece in input.chunks(chunk) {
-            mender.input.extend_from_slice(piece);
-            mender.advance()?;
-            received.extend_from_slice(&mender.output);
-            mender.output.clear();
+    /// A client that sends `data` at most `chunk` bytes a read.
+    struct Chunked {
+        data: Vec<u8>,
+        at: usize,
+        chunk: usize,
+    }
+
+    impl AsyncRead for Chunked {
+        fn poll_read(
+            mut self: Pin<&mut Self>,
+            _: &mut Context<'_>,
+            buf: &mut ReadBuf<'_>,
+        ) -> Poll<io::Result<()>> {
+            let n = (self.chunk)
+                .min(self.data.len() - self.at)
+                .min(buf.remaining());
+            let at = self.at;
+            buf.put_slice(&self.data[at..at + n]);
+            self.at += n;
+            Poll::Ready(Ok(()))
         }
-        assert!(mender.input.is_empty(), "every whole frame is passed on");
-        Ok(received)
+    }
+
+    /// What h2 receives of `input` sent `chunk` bytes at a time, h2 reading into a buffer
+    /// of `room` bytes.
+    fn mend_into(input: &[u8], chunk: usize, room: usize) -> io::Result<Vec<u8>> {
+        let client = Chunked {
+            data: input.to_vec(),
+            at: 0,
+            chunk,
+        };
+        let mut io = UnixAuthority::new(client, true);
+        let mut cx = Context::from_waker(std::task::Waker::noop());
+        let mut received = Vec::new();
+        loop {
+            let mut space = vec![0u8; room];
+            let mut buf = ReadBuf::new(&mut space);
+            match Pin::new(&mut io).poll_read(&mut cx, &mut buf) {
+                Poll::Ready(Ok(())) if buf.filled().is_empty() => return Ok(received),
+                Poll::Ready(Ok(())) => received.extend_from_slice(buf.filled()),
+                Poll::Ready(Err(error)) => return Err(error),
+                Poll::Pending => unreachable!("the client never waits"),
+            }
+        }
+    }
+
+    /// What h2 receives of `input` sent `chunk` bytes at a time, into h2's usual buffer.
+    fn mend(input: &[u8], chunk: usize) -> io::Result<Vec<u8>> {
+        mend_into(input, chunk, 8 << 10)
     }
 
     /// A client's connection: the preface, a SETTINGS frame, then for each of `calls` its
@@ -579,8 +778,8 @@ mod tests {
         // The second and third blocks refer to the first one's fields by index.
         let input = client_bytes(&[&c_core, &c_core, &call(b"other:1")]);
         let mended = owned(&call(b"localhost"));
-        for chunk in 1..=input.len() {
-            let output = mend(&input, chunk).unwrap();
+        for (chunk, room) in (1..=input.len()).flat_map(|c| [(c, 1), (c, 10), (c, 8 << 10)]) {
+            let output = mend_into(&input, chunk, room).unwrap();
             let lists = header_lists(&output);
             assert_eq!(
                 lists,
@@ -595,6 +794,27 @@ mod tests {
                 data.iter()
                     .all(|(_, flags, _, payload)| *flags == END_STREAM
                         && payload == b"\0\0\0\0\x05hello")
+            );
+        }
+    }
+
+    #[test]
+    fn a_connection_whose_authority_turns_bad_is_mended_from_that_block_on() {
+        let c_core = call(b"%2Fs");
+        let input = client_bytes(&[&call(b"floodgate"), &c_core, &c_core]);
+        let mended = owned(&call(b"localhost"));
+        for (chunk, room) in (1..=input.len()).flat_map(|c| [(c, 7), (c, 8 << 10)]) {
+            let output = mend_into(&input, chunk, room).unwrap();
+            let lists = header_lists(&output);
+            assert_eq!(
+                lists,
+                [owned(&call(b"floodgate")), mended.clone(), mended.clone()]
+            );
+            let unchanged = client_bytes(&[&call(b"floodgate")]);
+            assert_eq!(
+                &output[..unchanged.len()],
+                unchanged,
+                "the first call passes as it came"
             );
         }
     }
