@@ -85,7 +85,11 @@ struct Mender {
     sent: usize,
     state: State,
     /// The client's HPACK table, kept by decoding every block.
-    decoder: loona_hpack::Decoder<'static>,
+    decoder: httlib_hpack::Decoder<'static>,
+    /// A block's fragment as the decoder takes it (it consumes a vector), and the fields it
+    /// gives, both kept from block to block.
+    fragment: Vec<u8>,
+    decoded: Vec<(Vec<u8>, Vec<u8>, u8)>,
     /// Whether a block was rewritten: from then on h2's table no longer matches the
     /// client's, and every block goes as literals.
     rewriting: bool,
@@ -123,14 +127,15 @@ struct Block {
 
 impl Mender {
     fn new() -> Self {
-        let mut decoder = loona_hpack::Decoder::new();
-        decoder.set_max_allowed_table_size(TABLE_BYTES);
+        let decoder = httlib_hpack::Decoder::with_dynamic_size(TABLE_BYTES as u32);
         Mender {
             input: Vec::new(),
             output: Vec::new(),
             sent: 0,
             state: State::Preface(PREFACE_BYTES),
             decoder,
+            fragment: Vec::new(),
+            decoded: Vec::new(),
             rewriting: false,
             frame: Vec::new(),
             fields: Fields::default(),
@@ -295,9 +300,15 @@ impl Mender {
     fn decode(&mut self, fragment: &[u8]) -> io::Result<()> {
         let fields = &mut self.fields;
         fields.clear();
+        self.fragment.clear();
+        self.fragment.extend_from_slice(fragment);
+        self.decoded.clear();
         (self.decoder)
-            .decode_with_cb(fragment, |name, value| fields.push(&name, &value))
+            .decode(&mut self.fragment, &mut self.decoded)
             .map_err(|error| invalid(&format!("a header block HPACK cannot decode: {error:?}")))?;
+        for (name, value, _) in &self.decoded {
+            fields.push(name, value);
+        }
         if fields.mended && !self.rewriting {
             tracing::debug!("a Unix-socket client's :authority is no authority; sending localhost");
         }
@@ -816,6 +827,42 @@ mod tests {
                 unchanged,
                 "the first call passes as it came"
             );
+        }
+    }
+
+    /// Huffman-coded names and values, indexed as they go, as C core and h2 send them.
+    #[test]
+    fn huffman_coded_fields_as_real_clients_send_them_are_read_and_mended() {
+        let mut encoder = httlib_hpack::Encoder::default();
+        let flags = httlib_hpack::Encoder::HUFFMAN_NAME
+            | httlib_hpack::Encoder::HUFFMAN_VALUE
+            | httlib_hpack::Encoder::WITH_INDEXING
+            | httlib_hpack::Encoder::BEST_FORMAT;
+        let mut input = PREFACE.to_vec();
+        let c_core = call(b"%2Frun%2Ffloodgate%2Fgrpc.sock");
+        for stream in [1, 3, 5] {
+            let mut block = Vec::new();
+            for (name, value) in &c_core {
+                let field = (name.to_vec(), value.to_vec(), flags);
+                encoder.encode(field, &mut block).expect("encodes");
+            }
+            // A timeout that changes with every call, as grpc-timeout does: never indexed.
+            let timeout = (
+                b"grpc-timeout".to_vec(),
+                format!("{stream}m").into_bytes(),
+                0x3,
+            );
+            encoder.encode(timeout, &mut block).expect("encodes");
+            frame(HEADERS, END_HEADERS, stream, &block, &mut input);
+        }
+        for chunk in [1, 5, 64, input.len()] {
+            let lists = header_lists(&mend(&input, chunk).unwrap());
+            assert_eq!(lists.len(), 3);
+            for (list, stream) in lists.iter().zip([1, 3, 5]) {
+                let mut expected = owned(&call(b"localhost"));
+                expected.push((b"grpc-timeout".to_vec(), format!("{stream}m").into_bytes()));
+                assert_eq!(*list, expected, "read {chunk} bytes at a time");
+            }
         }
     }
 
