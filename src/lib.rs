@@ -19,17 +19,13 @@ pub const LONG_VERSION: &str = concat!(
     ")"
 );
 
-pub mod admin;
 pub mod backend;
 pub mod clock;
+pub mod edge;
 pub mod files;
 pub mod grpc_body;
-pub mod grpc_conn;
-pub mod http;
 pub mod instruments;
-pub mod json_body;
 pub mod limiter;
-pub mod listener;
 pub mod metrics;
 pub mod proto;
 pub mod quota;
@@ -38,8 +34,5 @@ pub mod rules;
 pub mod server;
 pub mod service;
 pub mod settings;
-pub mod socket;
 pub mod telemetry;
-pub mod tls;
-pub mod unix_authority;
 pub mod xds;

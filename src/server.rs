@@ -29,21 +29,21 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
 use crate::backend::redis::Password;
+use crate::edge::grpc_conn::{self, Http2Limits};
+pub use crate::edge::http::Readiness;
+use crate::edge::http::{self, HttpState};
+use crate::edge::listener::{Acceptor, Connections, Handshaking, Timeouts, next_until};
+use crate::edge::socket::Listener;
+use crate::edge::tls::ServerTls;
 use crate::grpc_body::{
     HeldBytes, LimitBodies, MAX_REPORT_BYTES, MessageLimits, check_budget, plain_body,
 };
-use crate::grpc_conn::{self, Http2Limits};
-pub use crate::http::Readiness;
-use crate::http::{self, HttpState};
-use crate::listener::{Acceptor, Connections, Handshaking, Timeouts, next_until};
 use crate::proto::FILE_DESCRIPTOR_SET;
 use crate::proto::envoy::service::ratelimit::v3::rate_limit_service_server::RateLimitServiceServer;
 use crate::quota::{QuotaService, RateLimitQuotaServiceServer};
 use crate::service::RateLimiter;
 use crate::service::grpc::{CallDeadline, GrpcService, StampArrival};
 use crate::settings::ConnectionLimits;
-use crate::socket::Listener;
-use crate::tls::ServerTls;
 
 /// Where and how the gRPC port listens.
 pub struct GrpcEndpoint {
@@ -320,7 +320,7 @@ impl Ports {
         let admin = listeners.admin.map(|(admin, endpoint)| {
             serve_http(
                 self.incoming("admin", admin.listener, endpoint.tls),
-                crate::admin::router(state.limiter.clone(), endpoint.token),
+                crate::edge::admin::router(state.limiter.clone(), endpoint.token),
                 limits,
                 self.held.clone(),
                 wait_for_stop(self.stopped.clone()),

@@ -25,7 +25,7 @@ use std::time::{Duration, Instant};
 
 use floodgate::backend::{Backend, MemoryBackend};
 use floodgate::clock::SystemClock;
-use floodgate::http::{HttpState, router};
+use floodgate::edge::http::{HttpState, router};
 use floodgate::proto::envoy::service::rate_limit_quota::v3::rate_limit_quota_usage_reports::BucketQuotaUsage;
 use floodgate::proto::envoy::service::rate_limit_quota::v3::{
     BucketId, RateLimitQuotaUsageReports,

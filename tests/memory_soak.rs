@@ -288,7 +288,7 @@ async fn unknown_domains(server: Arc<Floodgate>) -> String {
 async fn no_client_load_takes_the_server_past_the_charts_memory_limit() {
     cpu::make_this_process_urgent();
     // The loads' own connections: thousands of descriptors.
-    floodgate::listener::raise_open_files_limit().expect("the open files limit");
+    floodgate::edge::listener::raise_open_files_limit().expect("the open files limit");
     let plain = UNFINISHED;
     under_the_chart_limit("3 connections x 128 unfinished 1 MiB bodies", |server| {
         unfinished(server, plain)

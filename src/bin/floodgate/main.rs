@@ -16,6 +16,7 @@ use floodgate::backend::{
     RedisOptions, RedisTls, Store,
 };
 use floodgate::clock::SystemClock;
+use floodgate::edge::tls::{Protocols, ServerTls};
 use floodgate::reload::{Hangups, Reloader};
 use floodgate::rules::{DEFAULT_RULES_MAX_BYTES, Origin, RuleFiles, RuleSet};
 use floodgate::server;
@@ -23,7 +24,6 @@ use floodgate::server::{AdminEndpoint, Endpoints, GrpcEndpoint, Readiness, Runni
 use floodgate::service::{RateLimiter, ServiceOptions};
 use floodgate::settings::{BackendKind, HeaderStyle, LogFormat, Overrides, RulesSource, Settings};
 use floodgate::telemetry::Telemetry;
-use floodgate::tls::{Protocols, ServerTls};
 use floodgate::xds::Subscription;
 
 mod bench;
@@ -391,7 +391,7 @@ async fn serve(settings: Settings) -> anyhow::Result<()> {
 
 /// Every client connection is a file descriptor: takes all the kernel allows.
 fn raise_open_files_limit() {
-    match floodgate::listener::raise_open_files_limit() {
+    match floodgate::edge::listener::raise_open_files_limit() {
         Ok((before, after)) if after > before => {
             tracing::info!(before, after, "raised the open files limit");
         }

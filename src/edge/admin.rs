@@ -13,7 +13,7 @@
 //!   existed, each counted once (on Redis, keys).
 //!
 //! Bodies are JSON whatever their `content-type` says, as `POST /json` reads its own
-//! ([`crate::json_body`]); a request from a browser (with an `Origin` header) is 403, so
+//! ([`crate::edge::json_body`]); a request from a browser (with an `Origin` header) is 403, so
 //! that a web page cannot send one as a simple cross-site request. A descriptor no rule counts is 404; a malformed body 400; a
 //! missing or wrong token 401 (compared in constant time); a backend that cannot answer 503.
 //!
@@ -37,7 +37,7 @@ use serde_json::json;
 use tonic::server::NamedService;
 
 use crate::backend::redis::Password;
-use crate::json_body::{BadBody, JsonBody};
+use crate::edge::json_body::{BadBody, JsonBody};
 use crate::limiter::SECOND_MICROS;
 use crate::proto::floodgate::admin::v1::counter_admin_server::{CounterAdmin, CounterAdminServer};
 use crate::proto::floodgate::admin::v1::{

@@ -8,7 +8,7 @@
 //! - `GET /healthcheck`: `/readyz` as envoyproxy/ratelimit answers it (Envoy Gateway's and
 //!   Istio's probes ask it): 200 `OK`, or 500 with the reason.
 //! - `POST /json`: a protobuf-JSON `RateLimitRequest`, whatever the `content-type` says
-//!   ([`crate::json_body`]); 200 OK, 429 over limit, 400 bad request (with the reason), 503
+//!   ([`crate::edge::json_body`]); 200 OK, 429 over limit, 400 bad request (with the reason), 503
 //!   backend unavailable; the body is the JSON response.
 //! - `GET /rlconfig`: the rules in force, one line per rule, stable order.
 //! - `GET /metrics`: Prometheus metrics, text format 0.0.4.
@@ -24,7 +24,7 @@ use axum::http::header::CONTENT_TYPE;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 
-use crate::json_body::{BadBody, JsonBody};
+use crate::edge::json_body::{BadBody, JsonBody};
 use crate::metrics::{self, Endpoint};
 use crate::proto::envoy::service::ratelimit::v3::RateLimitRequest;
 use crate::proto::envoy::service::ratelimit::v3::rate_limit_response::Code;

@@ -38,9 +38,9 @@ use tokio_rustls::rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use tokio_rustls::rustls::server::WebPkiClientVerifier;
 use tokio_rustls::rustls::{RootCertStore, ServerConfig};
 
+use crate::edge::listener::Acceptor;
+use crate::edge::listener::Connection;
 use crate::files::{self, FileError, PEM_MAX_BYTES};
-use crate::listener::Acceptor;
-use crate::listener::Connection;
 use crate::settings::ListenerTls;
 use validity::Validity;
 

@@ -39,7 +39,7 @@ use tokio::time::{Instant, Sleep};
 
 use tokio_rustls::server::TlsStream;
 
-use crate::socket::{Listener, Socket, delegate_io};
+use crate::edge::socket::{Listener, Socket, delegate_io};
 
 /// How long a connection may go without sending anything.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
