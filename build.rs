@@ -34,7 +34,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .build_client(true)
         .build_server(true)
         // prost's codec, but an undecodable request is INVALID_ARGUMENT, not INTERNAL.
-        .codec_path("crate::service::codec::Codec")
+        .codec_path("crate::edge::codec::Codec")
         .compile_with_config(
             prost_config,
             &[PathBuf::from(SERVICE_PROTO), PathBuf::from(QUOTA_PROTO)],

@@ -29,6 +29,7 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
 use crate::backend::redis::Password;
+use crate::edge::grpc::{CallDeadline, GrpcService, StampArrival};
 use crate::edge::grpc_conn::{self, Http2Limits};
 pub use crate::edge::http::Readiness;
 use crate::edge::http::{self, HttpState};
@@ -42,7 +43,6 @@ use crate::proto::FILE_DESCRIPTOR_SET;
 use crate::proto::envoy::service::ratelimit::v3::rate_limit_service_server::RateLimitServiceServer;
 use crate::quota::{QuotaService, RateLimitQuotaServiceServer};
 use crate::service::RateLimiter;
-use crate::service::grpc::{CallDeadline, GrpcService, StampArrival};
 use crate::settings::ConnectionLimits;
 
 /// Where and how the gRPC port listens.

@@ -1,5 +1,5 @@
 //! The gRPC port's connections: HTTP/2 served by hyper around tonic's routes, each call held
-//! to its deadline (`service::grpc::CallDeadline`), each connection retired at its age.
+//! to its deadline (`edge::grpc::CallDeadline`), each connection retired at its age.
 //!
 //! **Retirement.** With `max_connection_age_ms`, a connection that old is sent GOAWAY: its
 //! client opens a new connection for its next calls (to whichever replica its balancer picks

@@ -24,11 +24,12 @@ use axum::http::header::CONTENT_TYPE;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 
+use super::grpc;
 use crate::edge::json_body::{BadBody, JsonBody};
 use crate::metrics::{self, Endpoint};
 use crate::proto::envoy::service::ratelimit::v3::RateLimitRequest;
 use crate::proto::envoy::service::ratelimit::v3::rate_limit_response::Code;
-use crate::service::{DecideError, RateLimiter, grpc};
+use crate::service::{DecideError, RateLimiter};
 
 /// What readiness (`/readyz`, gRPC health) reflects besides the server serving (its
 /// listeners up, not shutting down). With the backend failing, each rule's

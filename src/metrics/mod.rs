@@ -562,7 +562,7 @@ impl ConfigLoads {
 }
 
 /// gRPC rate-limit requests of this process whose message did not decode: they never reach
-/// a handler, so the codec (`service::codec`) counts them here, and they show as
+/// a handler, so the codec (`edge::codec`) counts them here, and they show as
 /// `INVALID_ARGUMENT`. The generated code builds codecs with `Default::default()`, which leaves
 /// no way to hand one a per-service counter: this one is process-wide.
 static UNDECODABLE: AtomicU64 = AtomicU64::new(0);

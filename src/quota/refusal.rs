@@ -18,7 +18,7 @@ pub(super) fn undecodable(status: &Status) -> Option<String> {
             "the report is too large to read: {}",
             cut_message(status.message())
         )),
-        // The codec's own refusal (`service::codec`), or one it let through.
+        // The codec's own refusal (`edge::codec`), or one it let through.
         GrpcCode::InvalidArgument | GrpcCode::Internal if !transport => {
             let why = status.message();
             let why = why

@@ -5,9 +5,7 @@
 //! drop the descriptors another matched rule `replaces` → count every limit on the backend in
 //! one call → combine the decisions into statuses, the overall code, headers and metadata.
 
-pub mod codec;
 pub mod counters;
-pub mod grpc;
 mod headers;
 mod metadata;
 mod outcome;

@@ -10,9 +10,9 @@ use tonic::{Request, Response, Status};
 use crate::proto::envoy::service::ratelimit::v3::rate_limit_service_server::RateLimitService;
 use crate::proto::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
 
-use super::{DecideError, RateLimiter};
 use crate::metrics::{Code, Endpoint};
 use crate::proto::envoy::service::ratelimit::v3::rate_limit_response::Code as WireCode;
+use crate::service::{DecideError, RateLimiter};
 
 /// Serves a [`RateLimiter`] over gRPC.
 #[derive(Clone)]
