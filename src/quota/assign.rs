@@ -19,9 +19,9 @@
 
 use std::time::Duration;
 
+use super::charge::BucketQuota;
 use crate::limiter::Limit;
 use crate::rules::OnBackendError;
-use crate::service::quota::BucketQuota;
 
 /// How often Envoy 1.40 reports, whatever a bucket's `reporting_interval` says: every
 /// bucket of a filter goes in one report on one 5 s timer.

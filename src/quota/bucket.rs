@@ -6,9 +6,9 @@
 
 use std::time::Duration;
 
+use super::charge::{BucketQuota, DemandReport, DemandSeen};
 use crate::limiter::{Algorithm, Limit};
 use crate::proto::envoy::service::rate_limit_quota::v3::BucketId;
-use crate::service::quota::{BucketQuota, DemandReport, DemandSeen};
 
 use super::assign::{self, Assignment};
 

@@ -20,6 +20,7 @@
 
 pub mod assign;
 mod bucket;
+pub mod charge;
 mod refusal;
 
 use std::collections::{HashMap, HashSet};
@@ -49,7 +50,7 @@ use crate::clock::{Clock, SystemClock};
 use crate::metrics::{Code, ReportRefusal, Strategy as Assigned};
 use crate::rules::{OnBackendError, RuleSet};
 use crate::service::RateLimiter;
-use crate::service::quota::{
+use charge::{
     BucketQuota, BucketUsage, DEMAND_PERIOD, DemandReport, bucket_descriptor,
 };
 use assign::{Assignment, REPORT_INTERVAL};

@@ -9,7 +9,6 @@ pub mod counters;
 mod headers;
 mod metadata;
 mod outcome;
-pub mod quota;
 pub mod request;
 mod response;
 mod stats;
@@ -178,6 +177,11 @@ impl RateLimiter {
     /// Traces, when they are on.
     pub fn telemetry(&self) -> Option<&Telemetry> {
         self.telemetry.as_ref()
+    }
+
+    /// The options every request is decided under.
+    pub(crate) fn options(&self) -> &ServiceOptions {
+        &self.options
     }
 
     /// What the service counts, for `GET /metrics`.
@@ -353,7 +357,7 @@ impl RateLimiter {
     }
 
     /// The decision for a hit the backend failed, by the rule's `on_backend_error`.
-    fn fallback(
+    pub(crate) fn fallback(
         &self,
         hit: &CounterHit<'_>,
         policy: OnBackendError,

@@ -1,5 +1,5 @@
-//! The Rate Limit Quota Service's accounting (`crate::quota` speaks the protocol): a
-//! bucket's entries matched to a rule, the usage a data plane reports charged to the very
+//! The Rate Limit Quota Service's accounting (the stream beside it, `quota/mod.rs`, speaks
+//! the protocol): a bucket's entries matched to a rule, the usage a data plane reports charged to the very
 //! counters `ShouldRateLimit` counts on, and what is left of the rule's limit.
 
 use std::borrow::Cow;
@@ -8,11 +8,11 @@ use std::time::Duration;
 use futures_util::StreamExt;
 use tokio::time::Instant;
 
-use super::RateLimiter;
 use crate::backend::{BackendError, CounterHit, OnReject};
 use crate::limiter::{Algorithm, CounterKey, Decision, Hits, Limit, Unit};
 use crate::proto::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry;
 use crate::rules::{Domain, Judged, Match, NamedLimit, OnBackendError, Policy, Rule, RuleSet};
+use crate::service::RateLimiter;
 
 /// The periods a bucket's demand is summed over: Envoy reports every bucket once every 5 s,
 /// so each period of that length holds one report of every stream. A stream adds its rate
@@ -198,8 +198,8 @@ impl RateLimiter {
                             rule: found.rule,
                             limits: limits.len(),
                             policy: (found.rule.on_backend_error)
-                                .unwrap_or(self.options.on_backend_error),
-                            shadow: found.rule.shadow_mode || self.options.shadow_mode,
+                                .unwrap_or(self.options().on_backend_error),
+                            shadow: found.rule.shadow_mode || self.options().shadow_mode,
                         }
                     }
                     _ => {
@@ -250,7 +250,7 @@ impl RateLimiter {
                 value: value.clone(),
             })
             .collect();
-        let metrics = &self.metrics;
+        let metrics = self.metrics();
         metrics.record_rule(domain, Some(rule), &entries, usage.allowed, judged);
         if usage.earlier > 0 {
             metrics.record_rule(
