@@ -17,7 +17,6 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use anyhow::Context as _;
 use axum::Router;
 use axum::response::IntoResponse;
 use hyper::body::Incoming;
@@ -110,12 +109,33 @@ pub struct RunningServer {
     stop: watch::Sender<bool>,
     ready: Arc<AtomicBool>,
     health: tonic_health::server::HealthReporter,
-    tasks: JoinHandle<anyhow::Result<()>>,
+    tasks: JoinHandle<()>,
     watcher: JoinHandle<()>,
 }
 
 /// How often the backend's health is looked at (and an open circuit probed).
 const HEALTH_INTERVAL: Duration = Duration::from_millis(100);
+
+/// Why the server did not start, or stopped other than asked.
+#[derive(Debug, thiserror::Error)]
+pub enum ServerError {
+    /// The settings cannot hold what they promise (`connection_limits`).
+    #[error("{0}")]
+    Settings(String),
+    /// An address or socket could not be bound.
+    #[error("binding {what}")]
+    Bind {
+        what: String,
+        #[source]
+        source: std::io::Error,
+    },
+    /// The reflection service could not be built from the descriptors.
+    #[error("building the {0} reflection service: {1}")]
+    Reflection(&'static str, String),
+    /// The task serving the ports ended by a panic or was cancelled.
+    #[error("the server task")]
+    Task(#[from] tokio::task::JoinError),
+}
 
 /// Binds the `endpoints` (port 0 picks a free port) and starts serving, each connection
 /// held to `limits`, ready as `readiness` says.
@@ -124,8 +144,8 @@ pub async fn start(
     endpoints: Endpoints,
     limits: ConnectionLimits,
     readiness: Readiness,
-) -> anyhow::Result<RunningServer> {
-    check_budget(&limits, limiter.request_limits()).map_err(anyhow::Error::msg)?;
+) -> Result<RunningServer, ServerError> {
+    check_budget(&limits, limiter.request_limits()).map_err(ServerError::Settings)?;
     let listeners = Listeners::bind(endpoints).await?;
     let (stop, stopped) = watch::channel(false);
     let (health, routes) = grpc_services(&limiter, stopped.clone()).await?;
@@ -171,7 +191,7 @@ struct Bound {
 
 impl Listeners {
     /// Binds gRPC, HTTP, metrics and admin, in that order; an error names the address.
-    async fn bind(endpoints: Endpoints) -> anyhow::Result<Self> {
+    async fn bind(endpoints: Endpoints) -> Result<Self, ServerError> {
         let Endpoints {
             grpc,
             http,
@@ -180,9 +200,11 @@ impl Listeners {
         } = endpoints;
         let (grpc_listener, grpc_addr) = match &grpc.unix_socket {
             Some(path) => {
-                let listener = Listener::bind_unix(path)
-                    .await
-                    .with_context(|| format!("binding the gRPC socket {}", path.display()))?;
+                let listener =
+                    (Listener::bind_unix(path).await).map_err(|source| ServerError::Bind {
+                        what: format!("the gRPC socket {}", path.display()),
+                        source,
+                    })?;
                 (listener, BoundAddr::Unix(path.clone()))
             }
             None => {
@@ -211,11 +233,13 @@ impl Listeners {
 }
 
 /// Binds `addr`, the `port`'s address, and resolves it.
-async fn bind_tcp(port: &str, addr: SocketAddr) -> anyhow::Result<Bound> {
-    let listener = TcpListener::bind(addr)
-        .await
-        .with_context(|| format!("binding the {port} address {addr}"))?;
-    let addr = listener.local_addr()?;
+async fn bind_tcp(port: &str, addr: SocketAddr) -> Result<Bound, ServerError> {
+    let bind = |source| ServerError::Bind {
+        what: format!("the {port} address {addr}"),
+        source,
+    };
+    let listener = TcpListener::bind(addr).await.map_err(bind)?;
+    let addr = listener.local_addr().map_err(bind)?;
     Ok(Bound { listener, addr })
 }
 
@@ -225,7 +249,7 @@ async fn bind_tcp(port: &str, addr: SocketAddr) -> anyhow::Result<Bound> {
 async fn grpc_services(
     limiter: &Arc<RateLimiter>,
     stopped: watch::Receiver<bool>,
-) -> anyhow::Result<(tonic_health::server::HealthReporter, tonic::service::Routes)> {
+) -> Result<(tonic_health::server::HealthReporter, tonic::service::Routes), ServerError> {
     let (health, health_service) = tonic_health::server::health_reporter();
     health
         .set_serving::<RateLimitServiceServer<GrpcService>>()
@@ -240,9 +264,10 @@ async fn grpc_services(
         tonic_reflection::server::Builder::configure()
             .register_encoded_file_descriptor_set(FILE_DESCRIPTOR_SET)
     };
-    let reflection_v1 = (reflection().build_v1()).context("building the reflection service")?;
-    let reflection_v1alpha =
-        (reflection().build_v1alpha()).context("building the v1alpha reflection service")?;
+    let reflection_v1 = (reflection().build_v1())
+        .map_err(|error| ServerError::Reflection("v1", error.to_string()))?;
+    let reflection_v1alpha = (reflection().build_v1alpha())
+        .map_err(|error| ServerError::Reflection("v1alpha", error.to_string()))?;
     let routes = tonic::service::Routes::new(health_service)
         .add_service(reflection_v1)
         .add_service(reflection_v1alpha)
@@ -292,7 +317,7 @@ impl Ports {
         listeners: Listeners,
         routes: tonic::service::Routes,
         state: HttpState,
-    ) -> impl Future<Output = anyhow::Result<()>> + Send + 'static {
+    ) -> impl Future<Output = ()> + Send + 'static {
         let limits = self.limits;
         let service = StampArrival(CallDeadline {
             inner: LimitBodies {
@@ -345,7 +370,6 @@ impl Ports {
                 }
             };
             tokio::join!(grpc, http, metrics, admin);
-            Ok(())
         }
     }
 
@@ -534,7 +558,7 @@ async fn set_health(
 impl RunningServer {
     /// Stops accepting work: health and readiness turn NOT_SERVING at once, in-flight
     /// requests get up to `grace` to finish.
-    pub async fn shutdown(self, grace: Duration) -> anyhow::Result<()> {
+    pub async fn shutdown(self, grace: Duration) -> Result<(), ServerError> {
         self.ready.store(false, Ordering::Release);
         // The watcher must not turn health back on once shutdown has turned it off.
         self.watcher.abort();
@@ -542,7 +566,7 @@ impl RunningServer {
         set_health(&self.health, tonic_health::ServingStatus::NotServing).await;
         let _ = self.stop.send(true);
         match tokio::time::timeout(grace, self.tasks).await {
-            Ok(joined) => joined.context("server task")?,
+            Ok(joined) => Ok(joined?),
             Err(_) => {
                 tracing::warn!(
                     ?grace,
@@ -554,8 +578,8 @@ impl RunningServer {
     }
 
     /// Waits until the servers stop on their own (a listener failed).
-    pub async fn wait(&mut self) -> anyhow::Result<()> {
-        (&mut self.tasks).await.context("server task")?
+    pub async fn wait(&mut self) -> Result<(), ServerError> {
+        Ok((&mut self.tasks).await?)
     }
 }
 

@@ -23,7 +23,6 @@
 use std::time::Duration;
 
 use ::http::{HeaderMap, HeaderName};
-use anyhow::{Context as _, bail};
 use opentelemetry::propagation::{Extractor, Injector, TextMapPropagator};
 use opentelemetry::trace::{
     Span as _, SpanContext, SpanId, SpanKind, Status, TraceContextExt, TraceFlags, TraceId,
@@ -46,21 +45,28 @@ pub struct Telemetry {
     propagators: Vec<Box<dyn TextMapPropagator + Send + Sync>>,
 }
 
+/// Why tracing cannot start as the `OTEL_*` variables ask.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct TelemetryError(String);
+
 impl Telemetry {
     /// Tracing as the `OTEL_*` variables configure it; `None` when they leave it off. Must
     /// run on the server's runtime: the exporter's connections are made on it.
-    pub fn from_env() -> anyhow::Result<Option<Telemetry>> {
+    pub fn from_env() -> Result<Option<Telemetry>, TelemetryError> {
         Telemetry::from_vars(|name| std::env::var(name).ok())
     }
 
-    fn from_vars(var: impl Fn(&str) -> Option<String>) -> anyhow::Result<Option<Telemetry>> {
+    fn from_vars(
+        var: impl Fn(&str) -> Option<String>,
+    ) -> Result<Option<Telemetry>, TelemetryError> {
         if !wanted(&var)? {
             return Ok(None);
         }
         let propagators = propagators(var("OTEL_PROPAGATORS").as_deref())?;
         let exporter = opentelemetry_otlp::SpanExporter::builder()
             .build()
-            .context("the OTLP trace exporter")?;
+            .map_err(|error| TelemetryError(format!("the OTLP trace exporter: {error}")))?;
         let exporter = OnRuntime {
             runtime: tokio::runtime::Handle::current(),
             exporter: std::sync::Arc::new(exporter),
@@ -122,14 +128,16 @@ impl Telemetry {
 }
 
 /// Whether the variables turn tracing on (see the module).
-fn wanted(var: &impl Fn(&str) -> Option<String>) -> anyhow::Result<bool> {
+fn wanted(var: &impl Fn(&str) -> Option<String>) -> Result<bool, TelemetryError> {
     if var("OTEL_SDK_DISABLED").is_some_and(|value| value.eq_ignore_ascii_case("true")) {
         return Ok(false);
     }
     match var("OTEL_TRACES_EXPORTER").as_deref().map(str::trim) {
         Some("none") => Ok(false),
         Some("otlp") => Ok(true),
-        Some(other) => bail!("OTEL_TRACES_EXPORTER={other}: floodgate exports `otlp` or `none`"),
+        Some(other) => Err(TelemetryError(format!(
+            "OTEL_TRACES_EXPORTER={other}: floodgate exports `otlp` or `none`"
+        ))),
         None => Ok(var("OTEL_EXPORTER_OTLP_ENDPOINT").is_some()
             || var("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT").is_some()),
     }
@@ -146,7 +154,7 @@ fn names_service(attributes: Option<String>) -> bool {
 /// request carries both (each one read later overrides what an earlier one found).
 fn propagators(
     names: Option<&str>,
-) -> anyhow::Result<Vec<Box<dyn TextMapPropagator + Send + Sync>>> {
+) -> Result<Vec<Box<dyn TextMapPropagator + Send + Sync>>, TelemetryError> {
     let names = names.unwrap_or("tracecontext,b3");
     let (mut w3c, mut b3) = (false, false);
     for name in names
@@ -159,10 +167,12 @@ fn propagators(
             "b3" | "b3multi" => b3 = true,
             // Baggage carries no trace; `none` asks for nothing.
             "baggage" | "none" => {}
-            other => bail!(
-                "OTEL_PROPAGATORS: `{other}` is not read; floodgate reads tracecontext, b3, \
-                 b3multi"
-            ),
+            other => {
+                return Err(TelemetryError(format!(
+                    "OTEL_PROPAGATORS: `{other}` is not read; floodgate reads tracecontext, b3, \
+                     b3multi"
+                )));
+            }
         }
     }
     let mut chosen: Vec<Box<dyn TextMapPropagator + Send + Sync>> = Vec::new();

@@ -596,7 +596,7 @@ async fn run(
     limiter: &RateLimiter,
 ) -> anyhow::Result<()> {
     tokio::select! {
-        result = running.wait() => return result,
+        result = running.wait() => return Ok(result?),
         () = signals.received() => {}
     }
     tracing::info!("shutting down: health NOT_SERVING, finishing in-flight requests");
@@ -606,7 +606,7 @@ async fn run(
     if let Some(telemetry) = limiter.telemetry() {
         telemetry.shutdown(TRACE_FLUSH_TIMEOUT).await;
     }
-    stopped
+    Ok(stopped?)
 }
 
 /// How long the spans still queued at shutdown may take to export.
