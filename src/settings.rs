@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
-use crate::backend::redis::Password;
+use crate::backend::redis::{Password, RedisOptions};
 use crate::rules::OnBackendError;
 
 /// Which rate-limit headers the service adds to `response_headers_to_add`.
@@ -581,6 +581,35 @@ impl From<OnBackendErrorSetting> for OnBackendError {
 pub const DEFAULT_REDIS_MAX_WAIT_MS: u64 = 40;
 
 impl Settings {
+    /// How to reach the Redis of `backend` (its TLS files not read yet: `tls` is `None`).
+    pub fn redis_options(&self) -> RedisOptions {
+        RedisOptions {
+            url: self.redis_url.clone(),
+            pool_size: self.redis_pool_size,
+            connect_timeout: Duration::from_millis(self.redis_connect_timeout_ms),
+            command_timeout: Duration::from_millis(self.redis_command_timeout_ms),
+            key_prefix: self.redis_key_prefix.clone(),
+            username: self.redis_username.clone(),
+            password: self.redis_password.clone(),
+            sentinel_master: self.redis_sentinel_master.clone(),
+            tls: None,
+        }
+    }
+
+    /// How to reach `redis_per_second`'s Redis: its own address, credentials and pool,
+    /// the main Redis' timeouts, key prefix and TLS files.
+    pub fn redis_per_second_options(&self) -> RedisOptions {
+        let per_second = &self.redis_per_second;
+        RedisOptions {
+            url: per_second.url.clone(),
+            pool_size: per_second.pool_size.unwrap_or(self.redis_pool_size),
+            username: per_second.username.clone(),
+            password: per_second.password.clone(),
+            sentinel_master: per_second.sentinel_master.clone(),
+            ..self.redis_options()
+        }
+    }
+
     /// The most a request waits for Redis: `redis_max_wait_ms`, or unset the default (or the
     /// command timeout, if an operator raised it above the default).
     pub fn redis_max_wait(&self) -> Duration {
@@ -1038,5 +1067,31 @@ mod tests {
             let error = load(json).expect_err(json).to_string();
             assert!(error.contains(why), "{json}: {error}");
         }
+    }
+
+    #[test]
+    fn the_per_second_redis_has_its_own_address_and_the_main_ones_timeouts() {
+        let env = [
+            ("FLOODGATE_REDIS_URL", "redis://main:6379"),
+            ("FLOODGATE_REDIS_POOL_SIZE", "3"),
+            ("FLOODGATE_REDIS_KEY_PREFIX", "rl:"),
+            ("FLOODGATE_REDIS_COMMAND_TIMEOUT_MS", "25"),
+            ("FLOODGATE_REDIS_PER_SECOND__URL", "redis://second:6379"),
+        ]
+        .map(|(name, value)| (name.to_owned(), value.to_owned()));
+        let settings = Settings::load_from(None, env, Overrides::default()).expect("loads");
+        let main = settings.redis_options();
+        assert_eq!(
+            (main.url.as_str(), main.pool_size),
+            ("redis://main:6379", 3)
+        );
+        let second = settings.redis_per_second_options();
+        assert_eq!(second.url, "redis://second:6379");
+        assert_eq!(
+            second.pool_size, 3,
+            "the main pool size unless it has its own"
+        );
+        assert_eq!(second.key_prefix, "rl:");
+        assert_eq!(second.command_timeout, Duration::from_millis(25));
     }
 }

@@ -637,16 +637,10 @@ async fn backend(
     clock: &Arc<SystemClock>,
     memory: &Arc<MemoryBackend>,
 ) -> anyhow::Result<Backend> {
+    let tls = redis_tls(settings)?;
     let options = RedisOptions {
-        url: settings.redis_url.clone(),
-        pool_size: settings.redis_pool_size,
-        connect_timeout: Duration::from_millis(settings.redis_connect_timeout_ms),
-        command_timeout: Duration::from_millis(settings.redis_command_timeout_ms),
-        key_prefix: settings.redis_key_prefix.clone(),
-        username: settings.redis_username.clone(),
-        password: settings.redis_password.clone(),
-        sentinel_master: settings.redis_sentinel_master.clone(),
-        tls: redis_tls(settings)?,
+        tls: tls.clone(),
+        ..settings.redis_options()
     };
     // A store that did not answer at start starts with its breaker open: requests get
     // their policy at once, and readiness that follows the backend waits for its answer.
@@ -666,7 +660,7 @@ async fn backend(
     };
     let backend = match settings.backend {
         BackendKind::Memory => Backend::memory(memory.clone()),
-        kind => remote(redis_store("redis", kind, options.clone(), clock, settings).await?),
+        kind => remote(redis_store("redis", kind, options, clock, settings).await?),
     };
     let per_second = &settings.redis_per_second;
     let Some(kind) = per_second.backend else {
@@ -677,12 +671,8 @@ async fn backend(
         "redis_per_second needs a Redis backend: the memory backend holds every counter"
     );
     let options = RedisOptions {
-        url: per_second.url.clone(),
-        pool_size: per_second.pool_size.unwrap_or(settings.redis_pool_size),
-        username: per_second.username.clone(),
-        password: per_second.password.clone(),
-        sentinel_master: per_second.sentinel_master.clone(),
-        ..options
+        tls,
+        ..settings.redis_per_second_options()
     };
     let store = redis_store("redis_per_second", kind, options, clock, settings)
         .await
