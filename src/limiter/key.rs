@@ -31,6 +31,20 @@ const DIGEST_BYTES: usize = 16;
 pub struct CounterKey(Box<str>);
 
 impl CounterKey {
+    /// The key of each of rule `rule_id`'s `limits`, in order, for the descriptor `entries`
+    /// it matched: the one place a match becomes counters, whoever asks (ShouldRateLimit,
+    /// an RLQS report, the admin API), so that all of them count on the same keys.
+    pub fn of_rule<'l>(
+        domain: &'l str,
+        rule_id: &'l str,
+        limits: impl IntoIterator<Item = &'l Limit> + 'l,
+        entries: &'l [(&'l str, &'l str)],
+    ) -> impl Iterator<Item = CounterKey> + 'l {
+        (limits.into_iter().enumerate()).map(move |(index, limit)| {
+            CounterKey::new(domain, rule_id, index, limit, entries.iter().copied())
+        })
+    }
+
     /// Builds the key of the `limit_index`-th limit of rule `rule_id` in `domain`, for the
     /// descriptor `entries` (key, value) as the rule counts them.
     pub fn new<'a>(
@@ -118,6 +132,18 @@ mod tests {
             &Limit::per(10, Unit::Second),
             entries.iter().copied(),
         )
+    }
+
+    #[test]
+    fn a_rules_keys_are_its_limits_in_order() {
+        let limits = [Limit::per(10, Unit::Second), Limit::per(100, Unit::Hour)];
+        let entries = [("user", "alice")];
+        let keys: Vec<CounterKey> = CounterKey::of_rule("d", "r", &limits, &entries).collect();
+        let expected: Vec<CounterKey> = (limits.iter().enumerate())
+            .map(|(index, limit)| CounterKey::new("d", "r", index, limit, entries))
+            .collect();
+        assert_eq!(keys, expected);
+        assert_ne!(keys[0], keys[1], "each limit counts on a key of its own");
     }
 
     #[test]

@@ -337,14 +337,10 @@ fn charge_hits<'a>(
     limits: &[NamedLimit],
     allowed: u64,
 ) -> impl Iterator<Item = CounterHit<'a>> {
-    (limits.iter().enumerate()).flat_map(move |(index, named)| {
-        let key = CounterKey::new(
-            domain,
-            found.rule.id.as_str(),
-            index,
-            &named.limit,
-            found.entries.iter().copied(),
-        );
+    let named = limits.iter().map(|named| &named.limit);
+    let keys: Vec<CounterKey> =
+        CounterKey::of_rule(domain, found.rule.id.as_str(), named, &found.entries).collect();
+    (limits.iter().zip(keys)).flat_map(move |(named, key)| {
         let look = CounterHit {
             key: key.clone(),
             limit: Cow::Owned(named.limit.clone()),

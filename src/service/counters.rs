@@ -107,11 +107,15 @@ impl RateLimiter {
         else {
             return Err(no_rule());
         };
-        let counters = (limits.into_iter().enumerate())
-            .map(|(index, (name, limit))| {
-                let key = CounterKey::new(domain, &rule.id, index, &limit, entries.iter().copied());
-                (name.map(str::to_owned), key, limit.into_owned())
-            })
+        let keys = CounterKey::of_rule(
+            domain,
+            &rule.id,
+            limits.iter().map(|(_, l)| l.as_ref()),
+            &entries,
+        );
+        let keys: Vec<CounterKey> = keys.collect();
+        let counters = (limits.into_iter().zip(keys))
+            .map(|((name, limit), key)| (name.map(str::to_owned), key, limit.into_owned()))
             .collect();
         Ok(Resolved {
             rule: rule.id.clone(),

@@ -294,15 +294,11 @@ impl RateLimiter {
             let rule_id = rule.map_or(OVERRIDE_RULE_ID, |rule| rule.id.as_str());
             let cost = request::hits(request, descriptor);
             let binding = self.binds(*rule);
-            for (index, (_, limit)) in limits.iter().enumerate() {
+            let limited = limits.iter().map(|(_, limit)| limit.as_ref());
+            let keys = CounterKey::of_rule(&request.domain, rule_id, limited, entries);
+            for ((_, limit), key) in limits.iter().zip(keys) {
                 hits.push(CounterHit {
-                    key: CounterKey::new(
-                        &request.domain,
-                        rule_id,
-                        index,
-                        limit,
-                        entries.iter().copied(),
-                    ),
+                    key,
                     limit: limit.clone(),
                     hits: cost,
                     binding,
