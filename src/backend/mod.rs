@@ -207,18 +207,22 @@ impl Store {
     }
 }
 
-/// The configured counter store; a remote one sits behind a circuit breaker and a cache of
-/// the counters it reported exhausted.
+/// The configured counter stores: the primary one, and where the counters of per-second
+/// limits live instead when they have a store of their own (upstream's `REDIS_PERSECOND`).
 #[derive(Clone)]
 pub struct Backend {
+    primary: Guarded,
+    per_second: Option<Guarded>,
+}
+
+/// One counter store; a remote one sits behind its circuit breaker and a cache of the
+/// counters it reported exhausted. Both stores of a backend share one set of stats.
+#[derive(Clone)]
+struct Guarded {
     store: Store,
     breaker: Option<Arc<Breaker>>,
     over_limit: Option<Arc<OverLimitCache>>,
     stats: Arc<BackendStats>,
-    /// Where the counters of per-second limits live instead, when they have a store of
-    /// their own (upstream's `REDIS_PERSECOND`): its own breaker and over-limit cache,
-    /// these stats.
-    per_second: Option<Arc<Backend>>,
 }
 
 /// The backend's answers to a request's hits, in order, and where each came from.
@@ -277,7 +281,7 @@ impl BackendError {
 impl Backend {
     /// Which store holds the counters, as traces name it.
     pub fn kind(&self) -> &'static str {
-        match self.store {
+        match self.primary.store {
             Store::Memory(_) => "memory",
             Store::Redis(_) => "redis",
             Store::RedisCluster(_) => "redis-cluster",
@@ -285,22 +289,28 @@ impl Backend {
     }
 
     pub fn memory(memory: Arc<MemoryBackend>) -> Self {
-        Backend {
+        let primary = Guarded {
             store: Store::Memory(memory),
             breaker: None,
             over_limit: None,
             stats: Arc::default(),
+        };
+        Backend {
+            primary,
             per_second: None,
         }
     }
 
     /// A remote store behind `breaker` and `over_limit`.
     pub fn remote(store: Store, breaker: Breaker, over_limit: OverLimitCache) -> Self {
-        Backend {
+        let primary = Guarded {
             store,
             breaker: Some(Arc::new(breaker)),
             over_limit: Some(Arc::new(over_limit)),
             stats: Arc::default(),
+        };
+        Backend {
+            primary,
             per_second: None,
         }
     }
@@ -309,20 +319,19 @@ impl Backend {
     /// (a second Redis sized for their rate). A request's hits of both kinds go to both
     /// stores at once.
     pub fn with_per_second(self, per_second: Backend) -> Self {
-        let per_second = Backend {
-            stats: self.stats.clone(),
-            per_second: None,
-            ..per_second
+        let per_second = Guarded {
+            stats: self.primary.stats.clone(),
+            ..per_second.primary
         };
         Backend {
-            per_second: Some(Arc::new(per_second)),
+            per_second: Some(per_second),
             ..self
         }
     }
 
-    /// The stores the counters live in: this one, and the per-second one if any.
-    fn stores(&self) -> impl Iterator<Item = &Backend> {
-        std::iter::once(self).chain(self.per_second.as_deref())
+    /// The stores the counters live in: the primary one, and the per-second one if any.
+    fn stores(&self) -> impl Iterator<Item = &Guarded> {
+        std::iter::once(&self.primary).chain(self.per_second.as_ref())
     }
 
     /// Forgets what the backend said about exhausted counters, so that a limit a rule reload
@@ -352,10 +361,131 @@ impl Backend {
                 let split = self.hit_split(per_second, hits, on_reject, deadline);
                 Box::pin(split).await
             }
-            _ => self.hit_here(hits, on_reject, deadline).await,
+            _ => self.primary.hit_here(hits, on_reject, deadline).await,
         }
     }
 
+    /// The per-second hits on `per_second`, the others on the primary store, both at once;
+    /// the answers in the order of `hits`. Under [`OnReject::ConsumeNothing`] each store
+    /// counts its part all or nothing, and a part a binding rejection in the other part
+    /// overrules is given back (best effort, as on a Redis Cluster: the two stores share no
+    /// transaction).
+    async fn hit_split(
+        &self,
+        per_second: &Guarded,
+        hits: &[CounterHit<'_>],
+        on_reject: OnReject,
+        deadline: Option<Instant>,
+    ) -> Answers {
+        let (seconds, others): (Vec<usize>, Vec<usize>) =
+            (0..hits.len()).partition(|&i| is_per_second(&hits[i]));
+        let part = |indices: &[usize]| -> Vec<CounterHit<'_>> {
+            indices.iter().map(|&i| hits[i].clone()).collect()
+        };
+        let (second_hits, other_hits) = (part(&seconds), part(&others));
+        let (mut second_answers, mut other_answers) = futures_util::join!(
+            per_second.hit_here(&second_hits, on_reject, deadline),
+            self.primary.hit_here(&other_hits, on_reject, deadline),
+        );
+        if on_reject == OnReject::ConsumeNothing {
+            if rejects(&second_hits, &second_answers.results) {
+                self.primary
+                    .give_back(&other_hits, &mut other_answers.results, deadline)
+                    .await;
+            } else if rejects(&other_hits, &other_answers.results) {
+                (per_second.give_back(&second_hits, &mut second_answers.results, deadline)).await;
+            }
+        }
+        let mut merged: Vec<Option<(Result<Decision, BackendError>, AnsweredBy)>> =
+            (0..hits.len()).map(|_| None).collect();
+        for (indices, answers) in [(seconds, second_answers), (others, other_answers)] {
+            let origins: Vec<AnsweredBy> = (0..indices.len()).map(|j| answers.origin(j)).collect();
+            for ((i, result), origin) in indices.into_iter().zip(answers.results).zip(origins) {
+                merged[i] = Some((result, origin));
+            }
+        }
+        let (results, origins): (Vec<_>, Vec<_>) = (merged.into_iter())
+            .map(|answer| {
+                answer.unwrap_or_else(|| {
+                    let missing = BackendError::Protocol("fewer answers than calls".into());
+                    (Err(missing), AnsweredBy::Store)
+                })
+            })
+            .unzip();
+        Answers { results, origins }
+    }
+
+    /// The remote calls' duration and failures.
+    pub fn stats(&self) -> &BackendStats {
+        &self.primary.stats
+    }
+
+    /// The quickest round trip to Redis lately, of the connection (or primary, or store)
+    /// where it is longest; `None` on memory and before the first was measured.
+    pub fn redis_round_trip(&self) -> Option<Duration> {
+        self.stores().filter_map(Guarded::redis_round_trip).max()
+    }
+
+    /// Whether the circuit breaker is open (never, without one).
+    pub fn circuit_open(&self) -> bool {
+        !self.healthy()
+    }
+
+    /// Forgets `counters` as if never hit (the admin API's reset): their state in the
+    /// store, and any rejection remembered for them; how many states existed.
+    pub async fn reset(&self, counters: &[(CounterKey, Limit)]) -> Result<u64, BackendError> {
+        let Some(per_second) = &self.per_second else {
+            return self.primary.reset_here(counters).await;
+        };
+        let (seconds, others): (Vec<_>, Vec<_>) =
+            (counters.iter().cloned()).partition(|(_, limit)| limit.unit == Unit::Second);
+        let removed = per_second.reset_here(&seconds).await?;
+        Ok(removed + self.primary.reset_here(&others).await?)
+    }
+
+    /// How many exhausted counters the over-limit caches remember (0 without one).
+    pub fn over_limit_cache_len(&self) -> usize {
+        (self.stores())
+            .filter_map(|store| store.over_limit.as_ref())
+            .map(|cache| cache.len())
+            .sum()
+    }
+
+    /// The over-limit caches' counts, added up; `None` without an enabled one.
+    pub fn over_limit_counts(&self) -> Option<CacheCounts> {
+        (self.stores())
+            .filter_map(|store| store.over_limit.as_ref())
+            .filter(|cache| cache.enabled())
+            .map(|cache| cache.counts())
+            .reduce(|total, counts| total + counts)
+    }
+
+    /// Opens the primary store's breaker (not the per-second store's): it did not answer
+    /// `error` at start-up.
+    pub fn open_at_start(&self, error: &dyn std::fmt::Display) {
+        if let Some(breaker) = &self.primary.breaker {
+            breaker.open_at_start(error);
+        }
+    }
+
+    /// Whether the backend answers: false while a breaker is open.
+    pub fn healthy(&self) -> bool {
+        self.stores().all(|store| {
+            (store.breaker.as_ref()).is_none_or(|breaker| breaker.state() == BreakerState::Closed)
+        })
+    }
+
+    /// While the breaker is open and its cooldown is over, probes the store once; a store
+    /// that answers closes the breaker. This is what brings a backend back when no traffic
+    /// comes (readiness may have sent it elsewhere).
+    pub async fn probe_if_due(&self) {
+        for store in self.stores() {
+            store.probe_own_if_due().await;
+        }
+    }
+}
+
+impl Guarded {
     /// [`Backend::hit_all`] on this store alone.
     async fn hit_here(
         &self,
@@ -425,54 +555,6 @@ impl Backend {
         answers
     }
 
-    /// The per-second hits on `per_second`, the others here, both at once; the answers in
-    /// the order of `hits`. Under [`OnReject::ConsumeNothing`] each store counts its part
-    /// all or nothing, and a part a binding rejection in the other part overrules is given
-    /// back (best effort, as on a Redis Cluster: the two stores share no transaction).
-    async fn hit_split(
-        &self,
-        per_second: &Backend,
-        hits: &[CounterHit<'_>],
-        on_reject: OnReject,
-        deadline: Option<Instant>,
-    ) -> Answers {
-        let (seconds, others): (Vec<usize>, Vec<usize>) =
-            (0..hits.len()).partition(|&i| is_per_second(&hits[i]));
-        let part = |indices: &[usize]| -> Vec<CounterHit<'_>> {
-            indices.iter().map(|&i| hits[i].clone()).collect()
-        };
-        let (second_hits, other_hits) = (part(&seconds), part(&others));
-        let (mut second_answers, mut other_answers) = futures_util::join!(
-            per_second.hit_here(&second_hits, on_reject, deadline),
-            self.hit_here(&other_hits, on_reject, deadline),
-        );
-        if on_reject == OnReject::ConsumeNothing {
-            if rejects(&second_hits, &second_answers.results) {
-                self.give_back(&other_hits, &mut other_answers.results, deadline)
-                    .await;
-            } else if rejects(&other_hits, &other_answers.results) {
-                (per_second.give_back(&second_hits, &mut second_answers.results, deadline)).await;
-            }
-        }
-        let mut merged: Vec<Option<(Result<Decision, BackendError>, AnsweredBy)>> =
-            (0..hits.len()).map(|_| None).collect();
-        for (indices, answers) in [(seconds, second_answers), (others, other_answers)] {
-            let origins: Vec<AnsweredBy> = (0..indices.len()).map(|j| answers.origin(j)).collect();
-            for ((i, result), origin) in indices.into_iter().zip(answers.results).zip(origins) {
-                merged[i] = Some((result, origin));
-            }
-        }
-        let (results, origins): (Vec<_>, Vec<_>) = (merged.into_iter())
-            .map(|answer| {
-                answer.unwrap_or_else(|| {
-                    let missing = BackendError::Protocol("fewer answers than calls".into());
-                    (Err(missing), AnsweredBy::Store)
-                })
-            })
-            .unzip();
-        Answers { results, origins }
-    }
-
     /// Returns the quota `hits` took (by `results`) to this store, and leaves in `results`
     /// the counters as the give-back left them.
     async fn give_back(
@@ -537,38 +619,13 @@ impl Backend {
         results
     }
 
-    /// The remote calls' duration and failures.
-    pub fn stats(&self) -> &BackendStats {
-        &self.stats
-    }
-
-    /// The quickest round trip to Redis lately, of the connection (or primary, or store)
-    /// where it is longest; `None` on memory and before the first was measured.
-    pub fn redis_round_trip(&self) -> Option<Duration> {
-        let own = match &self.store {
+    /// The quickest round trip to this store's Redis lately; `None` on memory.
+    fn redis_round_trip(&self) -> Option<Duration> {
+        match &self.store {
             Store::Memory(_) => None,
             Store::Redis(redis) => redis.quickest_round_trip(),
             Store::RedisCluster(cluster) => cluster.quickest_round_trip(),
-        };
-        let per_second = (self.per_second.as_ref()).and_then(|store| store.redis_round_trip());
-        own.max(per_second)
-    }
-
-    /// Whether the circuit breaker is open (never, without one).
-    pub fn circuit_open(&self) -> bool {
-        !self.healthy()
-    }
-
-    /// Forgets `counters` as if never hit (the admin API's reset): their state in the
-    /// store, and any rejection remembered for them; how many states existed.
-    pub async fn reset(&self, counters: &[(CounterKey, Limit)]) -> Result<u64, BackendError> {
-        let Some(per_second) = &self.per_second else {
-            return self.reset_here(counters).await;
-        };
-        let (seconds, others): (Vec<_>, Vec<_>) =
-            (counters.iter().cloned()).partition(|(_, limit)| limit.unit == Unit::Second);
-        let removed = per_second.reset_here(&seconds).await?;
-        Ok(removed + self.reset_here(&others).await?)
+        }
     }
 
     async fn reset_here(&self, counters: &[(CounterKey, Limit)]) -> Result<u64, BackendError> {
@@ -581,47 +638,6 @@ impl Backend {
             }
         }
         self.store.reset(counters).await
-    }
-
-    /// How many exhausted counters the over-limit caches remember (0 without one).
-    pub fn over_limit_cache_len(&self) -> usize {
-        (self.stores())
-            .filter_map(|store| store.over_limit.as_ref())
-            .map(|cache| cache.len())
-            .sum()
-    }
-
-    /// The over-limit caches' counts, added up; `None` without an enabled one.
-    pub fn over_limit_counts(&self) -> Option<CacheCounts> {
-        (self.stores())
-            .filter_map(|store| store.over_limit.as_ref())
-            .filter(|cache| cache.enabled())
-            .map(|cache| cache.counts())
-            .reduce(|total, counts| total + counts)
-    }
-
-    /// Opens this backend's breaker (not its per-second store's): it did not answer
-    /// `error` at start-up.
-    pub fn open_at_start(&self, error: &dyn std::fmt::Display) {
-        if let Some(breaker) = &self.breaker {
-            breaker.open_at_start(error);
-        }
-    }
-
-    /// Whether the backend answers: false while a breaker is open.
-    pub fn healthy(&self) -> bool {
-        self.stores().all(|store| {
-            (store.breaker.as_ref()).is_none_or(|breaker| breaker.state() == BreakerState::Closed)
-        })
-    }
-
-    /// While the breaker is open and its cooldown is over, probes the store once; a store
-    /// that answers closes the breaker. This is what brings a backend back when no traffic
-    /// comes (readiness may have sent it elsewhere).
-    pub async fn probe_if_due(&self) {
-        for store in self.stores() {
-            store.probe_own_if_due().await;
-        }
     }
 
     async fn probe_own_if_due(&self) {
