@@ -136,6 +136,10 @@ pub enum Store {
     Memory(Arc<MemoryBackend>),
     Redis(Arc<RedisBackend>),
     RedisCluster(Arc<RedisClusterBackend>),
+    /// A link the unit tests below script: the one seam a test may fake (the integration
+    /// tests run real Redis).
+    #[cfg(test)]
+    Fake(Arc<tests::FakeLink>),
 }
 
 impl Store {
@@ -170,6 +174,8 @@ impl Store {
                 Box::pin(cluster.hit_all_or_give_back(hits, deadline))
             }
             Store::RedisCluster(cluster) => Box::pin(cluster.hit_all(hits, deadline)),
+            #[cfg(test)]
+            Store::Fake(link) => return link.hit_all(hits, all_or_nothing),
         };
         remote.await
     }
@@ -193,6 +199,11 @@ impl Store {
                     .collect();
                 cluster.delete(&keys).await
             }
+            #[cfg(test)]
+            Store::Fake(link) => Ok(counters
+                .iter()
+                .filter(|(key, _)| link.memory.remove(key))
+                .count() as u64),
         }
     }
 
@@ -203,6 +214,8 @@ impl Store {
             Store::Memory(_) => Ok(()),
             Store::Redis(redis) => redis.load_scripts().await,
             Store::RedisCluster(cluster) => cluster.load_scripts().await,
+            #[cfg(test)]
+            Store::Fake(link) => link.probe(),
         }
     }
 }
@@ -285,6 +298,8 @@ impl Backend {
             Store::Memory(_) => "memory",
             Store::Redis(_) => "redis",
             Store::RedisCluster(_) => "redis-cluster",
+            #[cfg(test)]
+            Store::Fake(_) => "fake",
         }
     }
 
@@ -625,6 +640,8 @@ impl Guarded {
             Store::Memory(_) => None,
             Store::Redis(redis) => redis.quickest_round_trip(),
             Store::RedisCluster(cluster) => cluster.quickest_round_trip(),
+            #[cfg(test)]
+            Store::Fake(_) => None,
         }
     }
 
@@ -769,4 +786,201 @@ fn cached_rejection_binds(hits: &[CounterHit<'_>], cached: &[Option<Decision>]) 
     hits.iter()
         .zip(cached)
         .any(|(hit, answer)| hit.binding && answer.is_some())
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+
+    use super::*;
+    use crate::clock::ManualClock;
+    use crate::limiter::{Hits, Limit};
+
+    /// A store's link a test scripts: up (counting in memory) or down (every hit fails),
+    /// and how many calls reached it.
+    pub struct FakeLink {
+        pub(super) memory: MemoryBackend,
+        down: AtomicBool,
+        calls: AtomicUsize,
+    }
+
+    impl FakeLink {
+        pub(super) fn hit_all(
+            &self,
+            hits: &[CounterHit<'_>],
+            all_or_nothing: bool,
+        ) -> Vec<Result<Decision, BackendError>> {
+            self.calls.fetch_add(1, Ordering::SeqCst);
+            if self.down.load(Ordering::SeqCst) {
+                let down = BackendError::Unavailable("the link is down".into());
+                return vec![Err(down); hits.len()];
+            }
+            if all_or_nothing {
+                return self
+                    .memory
+                    .hit_all_or_nothing(hits)
+                    .into_iter()
+                    .map(Ok)
+                    .collect();
+            }
+            (hits.iter())
+                .map(|hit| Ok(self.memory.hit(&hit.key, &hit.limit, hit.hits)))
+                .collect()
+        }
+
+        pub(super) fn probe(&self) -> Result<(), BackendError> {
+            self.calls.fetch_add(1, Ordering::SeqCst);
+            match self.down.load(Ordering::SeqCst) {
+                true => Err(BackendError::Unavailable("the link is down".into())),
+                false => Ok(()),
+            }
+        }
+
+        fn calls(&self) -> usize {
+            self.calls.load(Ordering::SeqCst)
+        }
+    }
+
+    const SECOND: u64 = 1_000_000;
+
+    /// A remote backend over a fake link, its breaker opening after 2 failures in a second
+    /// and probing after half a second, its over-limit cache on; the link and the clock.
+    fn remote(clock: &Arc<ManualClock>) -> (Backend, Arc<FakeLink>) {
+        let link = Arc::new(FakeLink {
+            memory: MemoryBackend::new(clock.clone(), 1_000),
+            down: AtomicBool::new(false),
+            calls: AtomicUsize::new(0),
+        });
+        let breaker = Breaker::new(
+            2,
+            Duration::from_secs(1),
+            Duration::from_millis(500),
+            clock.clone(),
+        );
+        let cache = OverLimitCache::new(100, clock.clone());
+        let backend = Backend::remote(Store::Fake(link.clone()), breaker, cache);
+        (backend, link)
+    }
+
+    fn hit(value: &str, limit: &Limit) -> CounterHit<'static> {
+        let entries = [("user", value)];
+        CounterHit {
+            key: CounterKey::new("d", "r", 0, limit, entries),
+            limit: Cow::Owned(limit.clone()),
+            hits: Hits::take(1),
+            binding: true,
+        }
+    }
+
+    fn allowed(answers: &Answers) -> Vec<bool> {
+        (answers.results.iter())
+            .map(|result| result.as_ref().is_ok_and(|decision| decision.allowed))
+            .collect()
+    }
+
+    #[tokio::test]
+    async fn an_exhausted_counter_is_answered_by_the_cache_without_a_call() {
+        let clock = Arc::new(ManualClock::new(100 * SECOND));
+        let (backend, link) = remote(&clock);
+        let limit = Limit::per(2, Unit::Minute);
+        let one = [hit("alice", &limit)];
+        for expected in [true, true, false] {
+            let answers = backend.hit_all(&one, OnReject::Consume, None).await;
+            assert_eq!(allowed(&answers), [expected]);
+            assert_eq!(answers.origin(0), AnsweredBy::Store);
+        }
+        let calls = link.calls();
+        let answers = backend.hit_all(&one, OnReject::Consume, None).await;
+        assert_eq!(allowed(&answers), [false]);
+        assert_eq!(answers.origin(0), AnsweredBy::OverLimitCache);
+        assert_eq!(link.calls(), calls, "the cache answered: no call");
+        // The next window: the cache forgets, the store counts again.
+        clock.set(161 * SECOND);
+        let answers = backend.hit_all(&one, OnReject::Consume, None).await;
+        assert_eq!(
+            (allowed(&answers), answers.origin(0)),
+            (vec![true], AnsweredBy::Store)
+        );
+    }
+
+    #[tokio::test]
+    async fn a_dead_link_opens_the_breaker_and_a_probe_closes_it_once_the_link_answers() {
+        let clock = Arc::new(ManualClock::new(100 * SECOND));
+        let (backend, link) = remote(&clock);
+        let limit = Limit::per(10, Unit::Minute);
+        link.down.store(true, Ordering::SeqCst);
+        for value in ["a", "b"] {
+            let answers = backend
+                .hit_all(&[hit(value, &limit)], OnReject::Consume, None)
+                .await;
+            assert!(matches!(
+                answers.results[0],
+                Err(BackendError::Unavailable(_))
+            ));
+        }
+        assert!(
+            !backend.healthy(),
+            "two failures in a second open the breaker"
+        );
+        let calls = link.calls();
+        let answers = backend
+            .hit_all(&[hit("c", &limit)], OnReject::Consume, None)
+            .await;
+        assert!(matches!(
+            answers.results[0],
+            Err(BackendError::NothingCounted(_))
+        ));
+        assert_eq!(link.calls(), calls, "open: no call reaches the link");
+        let refused = (backend.stats().errors()).find(|(kind, _)| *kind == "circuit_open");
+        assert_eq!(refused, Some(("circuit_open", 1)));
+        // A probe before the cooldown is not due; after it, one goes out and fails.
+        backend.probe_if_due().await;
+        assert_eq!(link.calls(), calls);
+        clock.set(100 * SECOND + SECOND / 2);
+        backend.probe_if_due().await;
+        assert_eq!(link.calls(), calls + 1);
+        assert!(!backend.healthy());
+        // The link comes back: the next due probe closes the breaker.
+        link.down.store(false, Ordering::SeqCst);
+        clock.set(101 * SECOND + SECOND / 2);
+        backend.probe_if_due().await;
+        assert!(backend.healthy());
+        let answers = backend
+            .hit_all(&[hit("c", &limit)], OnReject::Consume, None)
+            .await;
+        assert_eq!(allowed(&answers), [true]);
+    }
+
+    #[tokio::test]
+    async fn per_second_hits_go_to_their_own_store_and_a_rejection_there_gives_back_the_rest() {
+        let clock = Arc::new(ManualClock::new(100 * SECOND));
+        let (primary, primary_link) = remote(&clock);
+        let (per_second, second_link) = remote(&clock);
+        let backend = primary.with_per_second(per_second);
+        let second = Limit::per(1, Unit::Second);
+        let minute = Limit::per(5, Unit::Minute);
+        let request = [hit("alice", &second), hit("alice", &minute)];
+        let answers = backend
+            .hit_all(&request, OnReject::ConsumeNothing, None)
+            .await;
+        assert_eq!(allowed(&answers), [true, true]);
+        assert_eq!((primary_link.calls(), second_link.calls()), (1, 1));
+        // The per-second limit rejects the second request within the second: the minute's
+        // count it took is given back, so the minute still has 4 left.
+        let answers = backend
+            .hit_all(&request, OnReject::ConsumeNothing, None)
+            .await;
+        assert_eq!(allowed(&answers), [false, true]);
+        let minute_key = &request[1].key;
+        let look = primary_link.memory.hit(minute_key, &minute, Hits::take(0));
+        assert_eq!(look.remaining, 4);
+        // Hits without a per-second limit never reach the per-second store.
+        let calls = second_link.calls();
+        backend
+            .hit_all(&request[1..], OnReject::Consume, None)
+            .await;
+        assert_eq!(second_link.calls(), calls);
+        assert_eq!(backend.kind(), "fake");
+        assert_eq!(backend.redis_round_trip(), None);
+    }
 }
