@@ -15,9 +15,7 @@ use std::time::{Duration, Instant};
 use deadpool_redis::redis;
 use harness::{Floodgate, OK, OVER_LIMIT, POLICIES, descriptor, request};
 use redis_harness::RedisServer;
-use tonic_health::pb::HealthCheckRequest;
 use tonic_health::pb::health_check_response::ServingStatus;
-use tonic_health::pb::health_client::HealthClient;
 
 fn start(redis: &RedisServer) -> Floodgate {
     Floodgate::start_with_env(
@@ -60,16 +58,8 @@ fn logged_line(server: &Floodgate, text: &str) -> String {
 }
 
 async fn grpc_health(server: &Floodgate, service: &str) -> i32 {
-    let channel = tonic::transport::Endpoint::from_shared(format!("http://{}", server.grpc_addr))
-        .expect("an endpoint")
-        .connect()
-        .await
-        .expect("the gRPC port");
-    let check = HealthCheckRequest {
-        service: service.into(),
-    };
-    let answer = HealthClient::new(channel).check(check).await;
-    answer.expect("a health answer").into_inner().status
+    let answer = harness::grpc_health(server.grpc_addr, service).await;
+    answer.expect("a health answer")
 }
 
 #[tokio::test]
@@ -199,10 +189,7 @@ async fn with_readiness_needs_rules_a_server_without_rules_is_unready_until_they
 /// meanwhile get their rule's policy at once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_redis_down_at_start_is_unready_until_it_answers_when_readiness_follows_it() {
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|listener| listener.local_addr())
-        .expect("a free port")
-        .port();
+    let port = redis_harness::free_port();
     let server = Floodgate::start_with_env(
         &[("rules.yaml", POLICIES)],
         &[

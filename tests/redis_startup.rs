@@ -6,7 +6,7 @@ mod harness;
 mod redis_harness;
 
 use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use harness::{Floodgate, OK, OVER_LIMIT, descriptor, request};
 use redis_harness::RedisServer;
@@ -18,15 +18,9 @@ descriptors:
     rate_limit: {unit: hour, requests_per_unit: 2}
 ";
 
-/// A loopback port nothing listens on (yet).
-fn closed_port() -> u16 {
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("a free port");
-    listener.local_addr().expect("its address").port()
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_start_waits_for_a_redis_that_comes_up_later() {
-    let port = closed_port();
+    let port = redis_harness::free_port();
     let url = format!("redis://127.0.0.1:{port}");
     let starting = std::thread::spawn(move || {
         Floodgate::start_with_env(
@@ -66,7 +60,6 @@ async fn the_start_waits_for_a_redis_that_comes_up_later() {
 #[test]
 fn a_redis_that_never_answers_fails_the_start_within_the_bound() {
     let rules = harness::write_rules(&[("rules.yaml", RULES)]);
-    let started = Instant::now();
     let output = Command::new(env!("CARGO_BIN_EXE_floodgate"))
         .args([
             "serve",
@@ -76,7 +69,7 @@ fn a_redis_that_never_answers_fails_the_start_within_the_bound() {
             "127.0.0.1:0",
         ])
         .args(["--backend", "redis", "--redis-url"])
-        .arg(format!("redis://127.0.0.1:{}", closed_port()))
+        .arg(format!("redis://127.0.0.1:{}", redis_harness::free_port()))
         .arg("--rules")
         .arg(rules.path())
         .env("FLOODGATE_REDIS_STARTUP__MAX_ELAPSED_MS", "1500")
@@ -95,9 +88,6 @@ fn a_redis_that_never_answers_fails_the_start_within_the_bound() {
         stderr.contains("Redis did not answer within redis_startup.max_elapsed_ms (1500 ms"),
         "{stderr}"
     );
-    // The bound is what the start gives Redis; the process itself is not timed beyond a
-    // generous ceiling for a busy machine.
-    assert!(started.elapsed() < Duration::from_secs(60));
 }
 
 #[test]

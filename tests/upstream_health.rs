@@ -37,9 +37,7 @@ use std::time::{Duration, Instant};
 use floodgate::proto::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
 use harness::{descriptor, request};
 use redis_harness::RedisServer;
-use tonic_health::pb::HealthCheckRequest;
 use tonic_health::pb::health_check_response::ServingStatus;
-use tonic_health::pb::health_client::HealthClient;
 use upstream_process::Upstream;
 use xds_support::{Snapshot, XdsServer};
 
@@ -117,19 +115,8 @@ impl Server {
 
     /// The gRPC health status of upstream's service, or the error code asking for it.
     async fn grpc_health(&self) -> Result<i32, tonic::Code> {
-        let channel =
-            tonic::transport::Endpoint::from_shared(format!("http://{}", self.upstream.grpc))
-                .expect("an endpoint")
-                .connect()
-                .await
-                .expect("the gRPC port");
-        let check = HealthCheckRequest {
-            service: HEALTH_SERVICE.into(),
-        };
-        let answer = HealthClient::new(channel).check(check).await;
-        answer
-            .map(|answer| answer.into_inner().status)
-            .map_err(|status| status.code())
+        let answer = harness::grpc_health(self.upstream.grpc, HEALTH_SERVICE).await;
+        answer.map_err(|status| status.code())
     }
 
     /// One request on the rule counted in Redis; what it is answered does not matter, only

@@ -87,9 +87,7 @@ use harness::{OK, OVER_LIMIT, costing, descriptor, request};
 use redis_harness::RedisServer;
 use serde_json::{Value, json};
 use tonic::transport::Channel;
-use tonic_health::pb::HealthCheckRequest;
 use tonic_health::pb::health_check_response::ServingStatus;
-use tonic_health::pb::health_client::HealthClient;
 use upstream_process::Upstream;
 use xds_support::{Snapshot, XdsServer};
 
@@ -220,17 +218,7 @@ impl Service {
 
     /// The gRPC health status of `service`, or the error asking for it.
     async fn health(&self, service: &str) -> Result<i32, tonic::Status> {
-        let channel =
-            tonic::transport::Endpoint::from_shared(format!("http://{}", self.server.grpc))
-                .expect("an endpoint")
-                .connect()
-                .await
-                .expect("the gRPC port");
-        let check = HealthCheckRequest {
-            service: service.into(),
-        };
-        let answer = HealthClient::new(channel).check(check).await;
-        answer.map(|answer| answer.into_inner().status)
+        harness::grpc_health(self.server.grpc, service).await
     }
 
     /// Waits until upstream's gRPC health status is `wanted`.

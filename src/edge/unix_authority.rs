@@ -212,20 +212,17 @@ impl Mender {
                     let Some(head) = rest.get(..FRAME_HEAD_BYTES) else {
                         break Ok(());
                     };
-                    let length = usize::from(head[0]) << 16
-                        | usize::from(head[1]) << 8
-                        | usize::from(head[2]);
-                    let kind = head[3];
-                    if (kind != HEADERS && kind != CONTINUATION) || length > MAX_FRAME_BYTES {
+                    let read = Head::read(head);
+                    if !read.is_header_block() {
                         // Not a header block's (or one h2 refuses for its size).
                         self.output.extend_from_slice(head);
                         at += FRAME_HEAD_BYTES;
-                        self.state = State::Passing(length);
+                        self.state = State::Passing(read.length);
                         continue;
                     }
                     self.frame.extend_from_slice(head);
                     at += FRAME_HEAD_BYTES;
-                    self.state = State::Gathering(length);
+                    self.state = State::Gathering(read.length);
                 }
             }
         };
@@ -240,8 +237,12 @@ impl Mender {
     /// sends it on.
     fn header_frame(&mut self, frame: &[u8]) -> io::Result<()> {
         let (head, payload) = frame.split_at(FRAME_HEAD_BYTES);
-        let (kind, flags) = (head[3], head[4]);
-        let stream = u32::from_be_bytes([head[5], head[6], head[7], head[8]]) & 0x7fff_ffff;
+        let Head {
+            kind,
+            flags,
+            stream,
+            ..
+        } = Head::read(head);
         if kind == HEADERS {
             if self.block.is_some() {
                 return Err(invalid("a HEADERS frame within another header block"));
@@ -346,11 +347,14 @@ impl Mender {
                     let Some(head) = rest.get(..FRAME_HEAD_BYTES) else {
                         return Ok(self.stash(read, at));
                     };
-                    let length = usize::from(head[0]) << 16
-                        | usize::from(head[1]) << 8
-                        | usize::from(head[2]);
-                    let (kind, flags) = (head[3], head[4]);
-                    if (kind != HEADERS && kind != CONTINUATION) || length > MAX_FRAME_BYTES {
+                    let head = Head::read(head);
+                    let Head {
+                        length,
+                        kind,
+                        flags,
+                        stream,
+                    } = head;
+                    if !head.is_header_block() {
                         at += FRAME_HEAD_BYTES;
                         self.state = State::Passing(length);
                         continue;
@@ -364,8 +368,6 @@ impl Mender {
                     let (fragment, priority) = headers_fragment(flags, &frame[FRAME_HEAD_BYTES..])?;
                     self.decode(fragment)?;
                     if self.rewriting {
-                        let stream =
-                            u32::from_be_bytes([head[5], head[6], head[7], head[8]]) & 0x7fff_ffff;
                         let block = Block {
                             frames: Vec::new(),
                             fragment: Vec::new(),
@@ -455,6 +457,35 @@ impl Fields {
 fn is_authority(value: &[u8]) -> bool {
     let plain = |b: &u8| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'-' | b':' | b'_');
     (!value.is_empty() && value.iter().all(plain)) || http::uri::Authority::try_from(value).is_ok()
+}
+
+/// A frame's header, read.
+#[derive(Debug, Clone, Copy)]
+struct Head {
+    length: usize,
+    kind: u8,
+    flags: u8,
+    stream: u32,
+}
+
+impl Head {
+    /// The frame header `bytes` (at least [`FRAME_HEAD_BYTES`]) hold.
+    fn read(bytes: &[u8]) -> Head {
+        Head {
+            length: usize::from(bytes[0]) << 16
+                | usize::from(bytes[1]) << 8
+                | usize::from(bytes[2]),
+            kind: bytes[3],
+            flags: bytes[4],
+            stream: u32::from_be_bytes([bytes[5], bytes[6], bytes[7], bytes[8]]) & 0x7fff_ffff,
+        }
+    }
+
+    /// Whether the frame carries part of a header block this reads (one past the largest
+    /// frame h2 takes is passed for h2 to refuse).
+    fn is_header_block(self) -> bool {
+        (self.kind == HEADERS || self.kind == CONTINUATION) && self.length <= MAX_FRAME_BYTES
+    }
 }
 
 /// A HEADERS payload's fragment (padding and priority fields taken off), and its priority.

@@ -636,3 +636,20 @@ impl Drop for OnUnixSocket {
         let _ = self.child.wait();
     }
 }
+
+/// `grpc.health.v1.Health/Check` for `service` on the gRPC port at `addr`: its status, or
+/// the error asking for it.
+pub async fn grpc_health(addr: SocketAddr, service: &str) -> Result<i32, tonic::Status> {
+    let channel = tonic::transport::Endpoint::from_shared(format!("http://{addr}"))
+        .expect("an endpoint")
+        .connect()
+        .await
+        .expect("the gRPC port");
+    let check = tonic_health::pb::HealthCheckRequest {
+        service: service.into(),
+    };
+    let answer = tonic_health::pb::health_client::HealthClient::new(channel)
+        .check(check)
+        .await;
+    answer.map(|answer| answer.into_inner().status)
+}

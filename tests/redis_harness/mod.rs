@@ -287,7 +287,7 @@ impl Drop for RedisServer {
 }
 
 /// A port free at the time of the call: the kernel's pick for 127.0.0.1:0.
-fn free_port() -> u16 {
+pub fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0")
         .and_then(|listener| listener.local_addr())
         .map(|addr| addr.port())
