@@ -27,7 +27,6 @@ use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
-use crate::backend::redis::Password;
 use crate::edge::grpc::{CallDeadline, GrpcService, StampArrival};
 use crate::edge::grpc_conn::{self, Http2Limits};
 pub use crate::edge::http::Readiness;
@@ -43,6 +42,7 @@ use crate::proto::envoy::service::ratelimit::v3::rate_limit_service_server::Rate
 use crate::quota::{QuotaService, RateLimitQuotaServiceServer};
 use crate::service::RateLimiter;
 use crate::settings::ConnectionLimits;
+use crate::settings::Password;
 
 /// Where and how the gRPC port listens.
 pub struct GrpcEndpoint {

@@ -1,14 +1,35 @@
 //! Settings: built-in defaults, then a settings file (`--config`, TOML), then `FLOODGATE_*`
 //! environment variables, then command-line flags — each layer overriding the one before.
 
+use std::fmt;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use serde::Deserialize;
 
-use crate::backend::redis::{Password, RedisOptions};
 use crate::rules::OnBackendError;
+
+/// A secret setting: usable as a string, printed as `<redacted>`.
+#[derive(Clone, PartialEq, Eq, Deserialize)]
+#[serde(transparent)]
+pub struct Password(String);
+
+impl Password {
+    pub fn new(password: impl Into<String>) -> Self {
+        Password(password.into())
+    }
+
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Debug for Password {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("<redacted>")
+    }
+}
 
 /// Which rate-limit headers the service adds to `response_headers_to_add`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, clap::ValueEnum)]
@@ -571,6 +592,10 @@ impl From<OnBackendErrorSetting> for OnBackendError {
     }
 }
 
+/// The default bound on counters held in memory (`memory_max_counters`): at most about
+/// 76 MiB of counters (docs/operating.md, Memory).
+pub const DEFAULT_MEMORY_MAX_COUNTERS: usize = 400_000;
+
 /// The default bound on a request's wait for Redis (`redis_max_wait_ms`). A live Redis near
 /// by answers a request within two command timeouts: the call ahead of it on the connection,
 /// then its own (2 × 15 ms); 10 ms more is for this server getting to the request and its
@@ -581,35 +606,6 @@ impl From<OnBackendErrorSetting> for OnBackendError {
 pub const DEFAULT_REDIS_MAX_WAIT_MS: u64 = 40;
 
 impl Settings {
-    /// How to reach the Redis of `backend` (its TLS files not read yet: `tls` is `None`).
-    pub fn redis_options(&self) -> RedisOptions {
-        RedisOptions {
-            url: self.redis_url.clone(),
-            pool_size: self.redis_pool_size,
-            connect_timeout: Duration::from_millis(self.redis_connect_timeout_ms),
-            command_timeout: Duration::from_millis(self.redis_command_timeout_ms),
-            key_prefix: self.redis_key_prefix.clone(),
-            username: self.redis_username.clone(),
-            password: self.redis_password.clone(),
-            sentinel_master: self.redis_sentinel_master.clone(),
-            tls: None,
-        }
-    }
-
-    /// How to reach `redis_per_second`'s Redis: its own address, credentials and pool,
-    /// the main Redis' timeouts, key prefix and TLS files.
-    pub fn redis_per_second_options(&self) -> RedisOptions {
-        let per_second = &self.redis_per_second;
-        RedisOptions {
-            url: per_second.url.clone(),
-            pool_size: per_second.pool_size.unwrap_or(self.redis_pool_size),
-            username: per_second.username.clone(),
-            password: per_second.password.clone(),
-            sentinel_master: per_second.sentinel_master.clone(),
-            ..self.redis_options()
-        }
-    }
-
     /// The most a request waits for Redis: `redis_max_wait_ms`, or unset the default (or the
     /// command timeout, if an operator raised it above the default).
     pub fn redis_max_wait(&self) -> Duration {
@@ -638,7 +634,7 @@ impl Default for Settings {
             merge_domain_config: false,
             xds: XdsSettings::default(),
             backend: BackendKind::Memory,
-            memory_max_counters: crate::backend::memory::DEFAULT_MAX_COUNTERS,
+            memory_max_counters: DEFAULT_MEMORY_MAX_COUNTERS,
             redis_url: "redis://127.0.0.1:6379".into(),
             redis_username: None,
             redis_password: None,
@@ -1067,31 +1063,5 @@ mod tests {
             let error = load(json).expect_err(json).to_string();
             assert!(error.contains(why), "{json}: {error}");
         }
-    }
-
-    #[test]
-    fn the_per_second_redis_has_its_own_address_and_the_main_ones_timeouts() {
-        let env = [
-            ("FLOODGATE_REDIS_URL", "redis://main:6379"),
-            ("FLOODGATE_REDIS_POOL_SIZE", "3"),
-            ("FLOODGATE_REDIS_KEY_PREFIX", "rl:"),
-            ("FLOODGATE_REDIS_COMMAND_TIMEOUT_MS", "25"),
-            ("FLOODGATE_REDIS_PER_SECOND__URL", "redis://second:6379"),
-        ]
-        .map(|(name, value)| (name.to_owned(), value.to_owned()));
-        let settings = Settings::load_from(None, env, Overrides::default()).expect("loads");
-        let main = settings.redis_options();
-        assert_eq!(
-            (main.url.as_str(), main.pool_size),
-            ("redis://main:6379", 3)
-        );
-        let second = settings.redis_per_second_options();
-        assert_eq!(second.url, "redis://second:6379");
-        assert_eq!(
-            second.pool_size, 3,
-            "the main pool size unless it has its own"
-        );
-        assert_eq!(second.key_prefix, "rl:");
-        assert_eq!(second.command_timeout, Duration::from_millis(25));
     }
 }

@@ -44,7 +44,7 @@ pub struct MemoryBackend {
 }
 
 /// The default bound on counters held in memory (`memory_max_counters`).
-pub const DEFAULT_MAX_COUNTERS: usize = 400_000;
+pub use crate::settings::DEFAULT_MEMORY_MAX_COUNTERS as DEFAULT_MAX_COUNTERS;
 
 impl MemoryBackend {
     /// A backend holding at most about `max_counters` counters (rounded up to a multiple of

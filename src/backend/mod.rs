@@ -11,6 +11,7 @@ pub mod memory;
 mod over_limit;
 mod recent;
 pub mod redis;
+mod setup;
 mod stats;
 
 use std::borrow::Cow;
@@ -204,6 +205,15 @@ impl Store {
                 .iter()
                 .filter(|(key, _)| link.memory.remove(key))
                 .count() as u64),
+        }
+    }
+
+    /// Gets the store ready to answer at start-up (connections opened, scripts loaded), so
+    /// that the first requests wait for none of it; the first failure.
+    async fn prepare(&self) -> Result<(), BackendError> {
+        match self {
+            Store::Redis(redis) => redis.prepare().await,
+            other => other.probe().await,
         }
     }
 

@@ -36,7 +36,6 @@ use serde_json::json;
 
 use tonic::server::NamedService;
 
-use crate::backend::redis::Password;
 use crate::edge::json_body::{BadBody, JsonBody};
 use crate::limiter::SECOND_MICROS;
 use crate::proto::floodgate::admin::v1::counter_admin_server::{CounterAdmin, CounterAdminServer};
@@ -45,6 +44,7 @@ use crate::proto::floodgate::admin::v1::{
 };
 use crate::service::RateLimiter;
 use crate::service::counters::{CounterState, NoCounters};
+use crate::settings::Password;
 
 /// What the admin handlers share.
 #[derive(Clone)]

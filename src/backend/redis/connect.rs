@@ -22,6 +22,8 @@
 use std::fmt;
 use std::time::Duration;
 
+use super::RedisOptions;
+use crate::backend::BackendError;
 use deadpool_redis::redis::aio::{ConnectionLike, MultiplexedConnection};
 use deadpool_redis::redis::io::tcp::TcpSettings;
 use deadpool_redis::redis::sentinel::{
@@ -32,31 +34,6 @@ use deadpool_redis::redis::{
     RedisConnectionInfo, RedisError, RedisFuture, ServerErrorKind, TlsMode, Value,
 };
 use deadpool_redis::{Pool, Runtime};
-use serde::Deserialize;
-
-use super::RedisOptions;
-use crate::backend::BackendError;
-
-/// A secret setting: usable as a string, printed as `<redacted>`.
-#[derive(Clone, PartialEq, Eq, Deserialize)]
-#[serde(transparent)]
-pub struct Password(String);
-
-impl Password {
-    pub fn new(password: impl Into<String>) -> Self {
-        Password(password.into())
-    }
-
-    pub fn expose(&self) -> &str {
-        &self.0
-    }
-}
-
-impl fmt::Debug for Password {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("<redacted>")
-    }
-}
 
 /// PEM files for TLS to Redis (`rediss://`): a CA its certificate must chain to (else the
 /// system's trust, or `SSL_CERT_FILE`), and a client certificate with its key, for a Redis
@@ -348,6 +325,7 @@ fn redact_one(url: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::settings::Password;
 
     fn options(url: &str, username: Option<&str>, password: Option<&str>) -> RedisOptions {
         RedisOptions {

@@ -26,7 +26,7 @@ pub mod script;
 pub mod slots;
 
 pub use cluster::RedisClusterBackend;
-pub use connect::{Password, RedisTls, redact};
+pub use connect::{RedisTls, redact};
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
@@ -39,6 +39,7 @@ use tokio::time::Instant;
 use crate::backend::{BackendError, CounterHit};
 use crate::clock::Clock;
 use crate::limiter::{Decision, Limit};
+use crate::settings::{Password, Settings};
 use batcher::{Lane, Link, QueuedHit, Shared};
 use connect::{PrimaryConnection, Source};
 use deadline::RedisClock;
@@ -70,6 +71,35 @@ pub struct RedisOptions {
 }
 
 impl RedisOptions {
+    /// How to reach the main Redis the settings name, with `tls` (the files they name, read).
+    pub fn from_settings(settings: &Settings, tls: Option<RedisTls>) -> Self {
+        RedisOptions {
+            url: settings.redis_url.clone(),
+            pool_size: settings.redis_pool_size,
+            connect_timeout: Duration::from_millis(settings.redis_connect_timeout_ms),
+            command_timeout: Duration::from_millis(settings.redis_command_timeout_ms),
+            key_prefix: settings.redis_key_prefix.clone(),
+            username: settings.redis_username.clone(),
+            password: usable(&settings.redis_password),
+            sentinel_master: settings.redis_sentinel_master.clone(),
+            tls,
+        }
+    }
+
+    /// How to reach `redis_per_second`'s Redis: its own address, credentials and pool, the
+    /// main Redis' timeouts, key prefix and TLS files.
+    pub fn per_second_from_settings(settings: &Settings, tls: Option<RedisTls>) -> Self {
+        let per_second = &settings.redis_per_second;
+        RedisOptions {
+            url: per_second.url.clone(),
+            pool_size: per_second.pool_size.unwrap_or(settings.redis_pool_size),
+            username: per_second.username.clone(),
+            password: usable(&per_second.password),
+            sentinel_master: per_second.sentinel_master.clone(),
+            ..Self::from_settings(settings, tls)
+        }
+    }
+
     /// The prefix goes before the counter key's `{…}` hash tag, which must stay the first
     /// brace pair in the key for Redis Cluster to hash the right part.
     fn check_key_prefix(&self) -> Result<(), BackendError> {
@@ -81,6 +111,14 @@ impl RedisOptions {
         }
         Ok(())
     }
+}
+
+/// A password as a setting gives it: an empty one (a Kubernetes Secret key left blank) is
+/// none.
+fn usable(password: &Option<Password>) -> Option<Password> {
+    password
+        .clone()
+        .filter(|password| !password.expose().is_empty())
 }
 
 /// One standalone Redis server: a primary behind a single address, or the primary that
@@ -454,5 +492,32 @@ mod tests {
             reply_to_result(&redis::Value::Nil, &call),
             Err(BackendError::Protocol(_))
         ));
+    }
+
+    #[test]
+    fn the_per_second_redis_has_its_own_address_and_the_main_ones_timeouts() {
+        let env = [
+            ("FLOODGATE_REDIS_URL", "redis://main:6379"),
+            ("FLOODGATE_REDIS_POOL_SIZE", "3"),
+            ("FLOODGATE_REDIS_KEY_PREFIX", "rl:"),
+            ("FLOODGATE_REDIS_COMMAND_TIMEOUT_MS", "25"),
+            ("FLOODGATE_REDIS_PER_SECOND__URL", "redis://second:6379"),
+        ]
+        .map(|(name, value)| (name.to_owned(), value.to_owned()));
+        let settings =
+            Settings::load_from(None, env, crate::settings::Overrides::default()).expect("loads");
+        let main = RedisOptions::from_settings(&settings, None);
+        assert_eq!(
+            (main.url.as_str(), main.pool_size),
+            ("redis://main:6379", 3)
+        );
+        let second = RedisOptions::per_second_from_settings(&settings, None);
+        assert_eq!(second.url, "redis://second:6379");
+        assert_eq!(
+            second.pool_size, 3,
+            "the main pool size unless it has its own"
+        );
+        assert_eq!(second.key_prefix, "rl:");
+        assert_eq!(second.command_timeout, Duration::from_millis(25));
     }
 }

@@ -11,10 +11,7 @@ use std::time::Duration;
 use anyhow::Context;
 use clap::{Args, Parser, Subcommand};
 
-use floodgate::backend::{
-    Backend, Breaker, MemoryBackend, OverLimitCache, RedisBackend, RedisClusterBackend,
-    RedisOptions, RedisTls, Store,
-};
+use floodgate::backend::{Backend, MemoryBackend};
 use floodgate::clock::SystemClock;
 use floodgate::edge::tls::{Protocols, ServerTls};
 use floodgate::reload::{Hangups, Reloader};
@@ -435,7 +432,7 @@ async fn counters(settings: &Settings) -> anyhow::Result<(Backend, Arc<MemoryBac
         settings.memory_max_counters,
     ));
     memory.spawn_sweeper(Duration::from_secs(10));
-    let backend = backend(settings, &clock, &memory).await?;
+    let backend = Backend::from_settings(settings, clock, &memory).await?;
     Ok((backend, memory))
 }
 
@@ -626,149 +623,6 @@ fn admin_endpoint(settings: &Settings) -> anyhow::Result<Option<AdminEndpoint>> 
         );
     }
     Ok(Some(AdminEndpoint { addr, token, tls }))
-}
-
-/// The counter store the settings name, a remote one behind its breaker and over-limit
-/// cache; with `redis_per_second.backend`, a second one for per-second limits. A Redis that
-/// is down at start-up is every rule's failure policy later, not a reason to refuse to
-/// start: failing to load the scripts is only logged.
-async fn backend(
-    settings: &Settings,
-    clock: &Arc<SystemClock>,
-    memory: &Arc<MemoryBackend>,
-) -> anyhow::Result<Backend> {
-    let tls = redis_tls(settings)?;
-    let options = RedisOptions {
-        tls: tls.clone(),
-        ..settings.redis_options()
-    };
-    // A store that did not answer at start starts with its breaker open: requests get
-    // their policy at once, and readiness that follows the backend waits for its answer.
-    let remote = |(store, down): (Store, Option<String>)| {
-        let breaker = Breaker::new(
-            settings.redis_breaker_failures,
-            Duration::from_millis(settings.redis_breaker_window_ms),
-            Duration::from_millis(settings.redis_breaker_cooldown_ms),
-            clock.clone(),
-        );
-        let over_limit = OverLimitCache::new(settings.redis_local_cache_size, clock.clone());
-        let backend = Backend::remote(store, breaker, over_limit);
-        if let Some(error) = down {
-            backend.open_at_start(&error);
-        }
-        backend
-    };
-    let backend = match settings.backend {
-        BackendKind::Memory => Backend::memory(memory.clone()),
-        kind => remote(redis_store("redis", kind, options, clock, settings).await?),
-    };
-    let per_second = &settings.redis_per_second;
-    let Some(kind) = per_second.backend else {
-        return Ok(backend);
-    };
-    anyhow::ensure!(
-        settings.backend != BackendKind::Memory,
-        "redis_per_second needs a Redis backend: the memory backend holds every counter"
-    );
-    let options = RedisOptions {
-        tls,
-        ..settings.redis_per_second_options()
-    };
-    let store = redis_store("redis_per_second", kind, options, clock, settings)
-        .await
-        .context("redis_per_second")?;
-    Ok(backend.with_per_second(remote(store)))
-}
-
-/// A Redis store of `kind`, its scripts loaded when it answers; `role` names it in the log
-/// (`redis`, or `redis_per_second`). With `redis_startup.max_elapsed_ms`, the start waits
-/// for it that long at most; without, the error of a store that did not answer comes
-/// with it.
-async fn redis_store(
-    role: &'static str,
-    kind: BackendKind,
-    mut options: RedisOptions,
-    clock: &Arc<SystemClock>,
-    settings: &Settings,
-) -> anyhow::Result<(Store, Option<String>)> {
-    // An empty secret (a Kubernetes Secret key left blank) means no password.
-    options.password = options
-        .password
-        .filter(|password| !password.expose().is_empty());
-    let store = match kind {
-        BackendKind::Redis => Store::Redis(Arc::new(RedisBackend::new(options, clock.clone())?)),
-        BackendKind::RedisSentinel => {
-            Store::Redis(Arc::new(RedisBackend::sentinel(options, clock.clone())?))
-        }
-        BackendKind::RedisCluster => {
-            Store::RedisCluster(Arc::new(RedisClusterBackend::new(options, clock.clone())?))
-        }
-        BackendKind::Memory => anyhow::bail!("memory is not a Redis"),
-    };
-    let load = || async {
-        match &store {
-            Store::Redis(redis) => redis.prepare().await,
-            Store::RedisCluster(cluster) => cluster.load_scripts().await,
-            Store::Memory(_) => Ok(()),
-        }
-    };
-    let Err(error) = load().await else {
-        return Ok((store, None));
-    };
-    let startup = &settings.redis_startup;
-    if startup.max_elapsed_ms == 0 {
-        tracing::warn!(store = role, %error, "could not connect to redis and load the scripts yet");
-        let down = error.to_string();
-        return Ok((store, Some(down)));
-    }
-    // Upstream's start-up retries: wait for Redis, or exit for the orchestrator to see.
-    let started = tokio::time::Instant::now();
-    let longest = Duration::from_millis(startup.max_elapsed_ms);
-    let mut pause = Duration::from_millis(startup.initial_interval_ms);
-    let mut last = error;
-    for tries in 1.. {
-        if started.elapsed() + pause > longest {
-            anyhow::bail!(
-                "{role}: Redis did not answer within redis_startup.max_elapsed_ms ({} ms, {tries} \
-                 tries): {last}",
-                startup.max_elapsed_ms
-            );
-        }
-        tracing::warn!(store = role, error = %last, retry_in_ms = pause.as_millis() as u64, "redis does not answer at start-up; trying again");
-        tokio::time::sleep(pause).await;
-        match load().await {
-            Ok(()) => {
-                // At the level of the failures it follows, so a log that shows them shows this.
-                tracing::warn!(
-                    store = role,
-                    tries = tries + 1,
-                    "redis answered at start-up"
-                );
-                break;
-            }
-            Err(error) => last = error,
-        }
-        pause = (pause * 2).min(Duration::from_millis(startup.max_interval_ms));
-    }
-    Ok((store, None))
-}
-
-/// The Redis TLS files the settings name, read; `None` when they name none.
-fn redis_tls(settings: &Settings) -> anyhow::Result<Option<RedisTls>> {
-    let read = |path: &Option<PathBuf>| -> anyhow::Result<Option<Vec<u8>>> {
-        let read = |path| floodgate::files::read(path, floodgate::files::PEM_MAX_BYTES);
-        Ok((path.as_deref()).map(read).transpose()?)
-    };
-    let ca = read(&settings.redis_tls_ca_file)?;
-    let client = match (
-        read(&settings.redis_tls_cert_file)?,
-        read(&settings.redis_tls_key_file)?,
-    ) {
-        (Some(cert), Some(key)) => Some((cert, key)),
-        (None, None) => None,
-        _ => anyhow::bail!("redis_tls_cert_file and redis_tls_key_file go together"),
-    };
-    Ok((ca.is_some() || client.is_some()).then_some(RedisTls { ca, client }))
 }
 
 /// SIGINT and SIGTERM, registered when created: a signal that arrives before anyone waits
