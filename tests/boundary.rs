@@ -26,7 +26,7 @@ mod redis_harness;
 use std::time::{Duration, Instant};
 
 use deadpool_redis::redis;
-use floodgate::backend::redis::script::{PlannedHit, ScriptClock, Scripts, add_call, decision};
+use floodgate::backend::redis::script::{RedisHit, ScriptClock, Scripts, add_call, decision};
 use floodgate::limiter::{Algorithm, CounterKey, Hits, Limit, SECOND_MICROS, Unit};
 use redis_harness::RedisServer;
 
@@ -85,14 +85,14 @@ impl Lua {
             let sent = Instant::now();
             let mut pipe = redis::pipe();
             for arrival in chunk {
-                let hit = PlannedHit {
-                    key: key.as_str(),
-                    limit,
+                let hit = RedisHit {
+                    key: key.as_str().to_owned(),
+                    limit: limit.clone(),
                     hits: Hits::take(arrival.cost),
                     binding: true,
                 };
                 let clock = ScriptClock::Fixed(arrival.at);
-                add_call(&mut pipe, &self.scripts, hit, clock, None, arrival.at);
+                add_call(&mut pipe, &self.scripts, &hit, clock, None, arrival.at);
             }
             let replies: Vec<redis::Value> = pipe
                 .query_async(&mut self.connection)

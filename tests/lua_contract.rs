@@ -12,7 +12,7 @@ mod redis_harness;
 
 use deadpool_redis::redis;
 use floodgate::backend::redis::script::{
-    BatchAnswer, Group, Mode, PlannedHit, ScriptClock, Scripts, add_call, log_keys, state_keys,
+    Answer, Group, Mode, RanAt, RedisHit, ScriptClock, Scripts, add_call, log_keys, state_keys,
 };
 use floodgate::limiter::{
     Algorithm, Counter, CounterKey, Decision, Hits, Limit, MAX_HITS, SECOND_MICROS, Timezone, Unit,
@@ -409,14 +409,9 @@ async fn a_flushed_script_cache_answers_noscript() {
     let limit = limit(Algorithm::Gcra);
     let mut pipe = redis::pipe();
     let key = counter_key("noscript", &limit);
-    let hit = PlannedHit {
-        key: key.as_str(),
-        limit: &limit,
-        hits: Hits::take(1),
-        binding: true,
-    };
+    let hit = planned(key.as_str(), &limit, Hits::take(1));
     let clock = ScriptClock::Fixed(PARIS_NOV_15);
-    add_call(&mut pipe, &scripts, hit, clock, None, PARIS_NOV_15);
+    add_call(&mut pipe, &scripts, &hit, clock, None, PARIS_NOV_15);
     let error = pipe
         .query_async::<Vec<redis::Value>>(&mut connection)
         .await
@@ -470,10 +465,10 @@ async fn hit_now(
 }
 
 /// One hit of an all-or-nothing call, binding.
-fn planned<'a>(key: &'a str, limit: &'a Limit, hits: Hits) -> PlannedHit<'a> {
-    PlannedHit {
-        key,
-        limit,
+fn planned(key: &str, limit: &Limit, hits: Hits) -> RedisHit {
+    RedisHit {
+        key: key.to_owned(),
+        limit: limit.clone(),
         hits,
         binding: true,
     }
@@ -539,7 +534,7 @@ async fn an_all_or_nothing_call_that_passes_decides_as_separate_calls_in_order()
             Hits::give_back(1),
             Hits::take(3),
         ];
-        let request: Vec<PlannedHit<'_>> = costs
+        let request: Vec<RedisHit> = costs
             .iter()
             .map(|&hits| planned(&together, &limit, hits))
             .collect();
@@ -563,7 +558,7 @@ async fn a_non_binding_rejection_in_an_all_or_nothing_call_undoes_nothing() {
     let (a, shadow) = (name("binding-a", &limit), name("shadow", &limit));
     let request = [
         planned(&a, &limit, Hits::take(2)),
-        PlannedHit {
+        RedisHit {
             binding: false,
             ..planned(&shadow, &limit, Hits::take(6))
         },
@@ -594,14 +589,14 @@ async fn a_batch_decides_every_hit_as_separate_calls_in_the_same_order_would() {
         .iter()
         .map(|limit| (name("batched", limit), name("one-by-one", limit)))
         .collect();
-    let each = |pick: fn(&(String, String)) -> &String, round: usize| -> Vec<PlannedHit<'_>> {
+    let each = |pick: fn(&(String, String)) -> &String, round: usize| -> Vec<RedisHit> {
         limits
             .iter()
             .zip(&keys)
             .map(|(limit, names)| planned(pick(names), limit, costs[round]))
             .collect()
     };
-    let rounds: Vec<Vec<PlannedHit<'_>>> = (0..costs.len()).map(|r| each(|k| &k.0, r)).collect();
+    let rounds: Vec<Vec<RedisHit>> = (0..costs.len()).map(|r| each(|k| &k.0, r)).collect();
     let rejected = [
         planned(&keys[0].0, &limits[0], Hits::take(1)),
         planned(&keys[1].0, &limits[1], Hits::take(50)),
@@ -642,10 +637,10 @@ async fn a_batch_decides_every_hit_as_separate_calls_in_the_same_order_would() {
             let decision = if group.mode == Mode::AllOrNothing && group.hits.len() == 2 {
                 Decision {
                     allowed: hit.hits.amount <= 8,
-                    ..hit_now(&mut connection, &scripts, other, hit.limit, Hits::take(0)).await
+                    ..hit_now(&mut connection, &scripts, other, &hit.limit, Hits::take(0)).await
                 }
             } else {
-                hit_now(&mut connection, &scripts, other, hit.limit, hit.hits).await
+                hit_now(&mut connection, &scripts, other, &hit.limit, hit.hits).await
             };
             separate.push(Ok(decision));
         }
@@ -717,22 +712,21 @@ async fn a_call_run_past_its_deadline_decides_nothing_and_writes_nothing() {
             hits: &hits,
         }];
         let late = lua_support::answer(&mut connection, &scripts, &groups, at, Some(at - 1)).await;
-        assert_eq!(late, Ok(BatchAnswer::Late { now_micros: at }), "{name_of}");
+        assert_eq!(late, Ok(Answer::Late { ran_at: at }), "{name_of}");
         assert_eq!(snapshot(&mut connection, &keys).await, before, "{name_of}");
         assert_eq!(writes(&mut connection).await, writes_before, "{name_of}");
 
         // At its deadline the call is still in time.
         let on_time = lua_support::answer(&mut connection, &scripts, &groups, at, Some(at)).await;
-        let Ok(BatchAnswer::Decided {
-            now_micros,
-            finished_micros,
-            reply,
-        }) = on_time
-        else {
+        let Ok(Answer::Decided { ran, hits, .. }) = on_time else {
             panic!("{name_of}: {on_time:?}");
         };
-        assert_eq!((now_micros, finished_micros), (at, at), "{name_of}");
-        let decision = reply.decisions[0].clone().expect("a decision");
+        let ran_at = RanAt {
+            started: at,
+            finished: at,
+        };
+        assert_eq!(ran, ran_at, "{name_of}");
+        let decision = hits[0].clone().expect("a decision");
         assert!(decision.allowed, "{name_of}");
         let check = lua_support::hit(&mut connection, &scripts, &key, &limit, Hits::take(0), at)
             .await

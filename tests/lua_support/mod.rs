@@ -1,4 +1,4 @@
-//! Drives the Lua script the way the Redis backend does (`batch_call`, `batch_reply`), at an
+//! Drives the Lua script the way the Redis backend does (`batch_call`, `read_reply`), at an
 //! instant the test chooses: one hit per round trip, one all-or-nothing request, or a batch.
 
 #![allow(dead_code)]
@@ -6,8 +6,8 @@
 use deadpool_redis::redis;
 use deadpool_redis::redis::aio::ConnectionLike;
 use floodgate::backend::redis::script::{
-    BatchAnswer, BatchReply, Group, Mode, PlannedHit, ScriptClock, Scripts, Target, add_call,
-    batch_answer, batch_call, decision,
+    Answer, Group, Mode, RedisHit, ScriptClock, Scripts, Target, add_call, batch_call, decision,
+    read_reply,
 };
 use floodgate::limiter::{Decision, Hits, Limit};
 
@@ -53,19 +53,19 @@ pub async fn call<C: ConnectionLike>(
     local_now: u64,
 ) -> Result<Decision, String> {
     let mut pipe = redis::pipe();
-    let hit = PlannedHit {
-        key,
-        limit,
+    let hit = RedisHit {
+        key: key.to_owned(),
+        limit: limit.clone(),
         hits,
         binding: true,
     };
-    add_call(&mut pipe, scripts, hit, clock, None, local_now);
+    add_call(&mut pipe, scripts, &hit, clock, None, local_now);
     let replies: Vec<redis::Value> = pipe
         .query_async(connection)
         .await
         .map_err(|e| format!("EVALSHA failed: {e}"))?;
     match replies.as_slice() {
-        [reply] => decision(reply),
+        [reply] => decision(reply).map_err(|e| e.to_string()),
         other => Err(format!("one call, {} replies", other.len())),
     }
 }
@@ -75,7 +75,7 @@ pub async fn call<C: ConnectionLike>(
 pub async fn all_or_nothing<C: ConnectionLike>(
     connection: &mut C,
     scripts: &Scripts,
-    planned: &[PlannedHit<'_>],
+    planned: &[RedisHit],
     now: u64,
 ) -> Result<(bool, Vec<Decision>), String> {
     let group = [Group {
@@ -90,16 +90,28 @@ pub async fn all_or_nothing<C: ConnectionLike>(
     }
 }
 
-/// One batch call of `groups` at `now`, as the Redis backend makes it: each hit's decision
-/// (or error message), and each all-or-nothing group's `applied`.
+/// What a batch call decided: each hit's decision (or error message), and each
+/// all-or-nothing group's `applied`.
+#[derive(Debug)]
+pub struct Batch {
+    pub decisions: Vec<Result<Decision, String>>,
+    pub applied: Vec<Option<bool>>,
+}
+
+/// One batch call of `groups` at `now`, as the Redis backend makes it.
 pub async fn batch<C: ConnectionLike>(
     connection: &mut C,
     scripts: &Scripts,
     groups: &[Group<'_>],
     now: u64,
-) -> Result<BatchReply, String> {
+) -> Result<Batch, String> {
     match answer(connection, scripts, groups, now, None).await? {
-        BatchAnswer::Decided { reply, .. } => Ok(reply),
+        Answer::Decided { hits, applied, .. } => Ok(Batch {
+            decisions: (hits.into_iter())
+                .map(|hit| hit.map_err(|e| e.to_string()))
+                .collect(),
+            applied,
+        }),
         late => Err(format!("a call without a deadline answered {late:?}")),
     }
 }
@@ -112,7 +124,7 @@ pub async fn answer<C: ConnectionLike>(
     groups: &[Group<'_>],
     now: u64,
     deadline: Option<u64>,
-) -> Result<BatchAnswer, String> {
+) -> Result<Answer, String> {
     let command = batch_call(
         scripts,
         groups,
@@ -127,5 +139,5 @@ pub async fn answer<C: ConnectionLike>(
         .query_async(connection)
         .await
         .map_err(|e| format!("EVALSHA failed: {e}"))?;
-    batch_answer(&replies[0], groups)
+    read_reply(&replies[0], groups).map_err(|e| e.to_string())
 }

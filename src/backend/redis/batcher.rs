@@ -68,13 +68,13 @@ use tokio::sync::{mpsc, oneshot};
 use tokio::time::{Instant, timeout, timeout_at};
 
 use super::deadline::{EPOCH, RedisClock};
-use super::script::{self, Group, Mode, PlannedHit, ScriptClock, Scripts, Target};
-use super::{RanAt, Results, batch_results, is_noscript, lock};
+use super::script::{self, Answer, Group, Mode, RanAt, RedisHit, ScriptClock, Scripts, Target};
+use super::{is_noscript, lock};
 use crate::backend::BackendError;
 use crate::backend::capacity::{CallTimes, Capacity, ShedReason};
 use crate::backend::recent::RecentLeast;
 use crate::clock::Clock;
-use crate::limiter::{Decision, Hits, Limit};
+use crate::limiter::Decision;
 
 /// The most script calls outstanding on one connection: one, unless requests cannot afford
 /// to wait for the call ahead ([`drive`]). Enough for a Redis 10 ms away at thousands of
@@ -143,17 +143,9 @@ pub(super) struct Shared {
     pub clock: Arc<dyn Clock>,
 }
 
-/// One hit as it waits in the queue: owned, since the driver task sends it.
-pub(super) struct QueuedHit {
-    pub key: String,
-    pub limit: Limit,
-    pub hits: Hits,
-    pub binding: bool,
-}
-
 /// One request's hits, waiting for their call.
 struct Request {
-    hits: Vec<QueuedHit>,
+    hits: Vec<RedisHit>,
     mode: Mode,
     admitted: Instant,
     /// When the caller stops waiting and answers the request another way.
@@ -293,7 +285,7 @@ impl<L: Link> Lane<L> {
     /// next call, or refused at once when the connection is at capacity.
     pub async fn decide(
         &self,
-        hits: Vec<QueuedHit>,
+        hits: Vec<RedisHit>,
         mode: Mode,
         deadline: Instant,
     ) -> Vec<Result<Decision, BackendError>> {
@@ -804,14 +796,38 @@ async fn exchange_in_time<L: Link>(
         // which tells a Redis too far for the timeout; and on a near Redis the next call
         // leaves only after this one, so a stalled Redis is not sent call after call.
         let verdict_by = (bound + timeout).max(sent + state.silence());
-        let verdict = match timeout_at(verdict_by, exchange(state, requests, deadline)).await {
-            Ok(Ok(verdict)) => verdict,
+        let groups: Vec<Group<'_>> = (requests.iter())
+            .map(|request| Group {
+                mode: request.mode,
+                hits: &request.hits,
+            })
+            .collect();
+        let reply = match timeout_at(verdict_by, exchange(state, &groups, deadline)).await {
+            Ok(Ok(reply)) => reply,
             Ok(Err(error)) => return Err(Failure::Broken(error)),
             Err(_) => return Err(Failure::Unanswered { sent }),
         };
-        let ran_at = match verdict {
-            Verdict::Decided { results, ran } => return Ok((results, Ran { sent, at: ran })),
-            Verdict::Late { ran_at } => ran_at,
+        let received = Instant::now();
+        let ran_at = match script::read_reply(&reply, &groups) {
+            Ok(Answer::Decided { ran, hits, .. }) => {
+                state.redis_clock.observe(ran.finished, received);
+                state.note_reading_lag(ran.finished, received);
+                let ran = Ran {
+                    sent,
+                    at: Some(ran),
+                };
+                return Ok((by_request(requests, hits), ran));
+            }
+            Ok(Answer::Late { ran_at }) => {
+                state.redis_clock.observe(ran_at, received);
+                ran_at
+            }
+            // A reply that is no answer (an error reply, a broken one) fails every hit; the
+            // connection answered, so it stays.
+            Err(error) => {
+                let ran = Ran { sent, at: None };
+                return Ok((answer_all(requests, |_| error.clone()), ran));
+            }
         };
         // Redis got to the call only after its deadline: a queue that long is a reason to
         // admit less.
@@ -865,49 +881,30 @@ fn timed_out<L>(state: &LaneState<L>, request: &Request) -> Vec<Result<Decision,
     vec![Err(BackendError::Timeout(timeout)); request.hits.len()]
 }
 
-/// What Redis said of one call.
-enum Verdict {
-    /// The results per request, and when the script finished on Redis' clock.
-    Decided {
-        results: Vec<Vec<Result<Decision, BackendError>>>,
-        ran: Option<RanAt>,
-    },
-    /// Redis ran the call at `ran_at`, past its deadline: it decided nothing.
-    Late { ran_at: u64 },
+/// `hits`' results, a run for each request in order.
+fn by_request(
+    requests: &[Request],
+    hits: Vec<Result<Decision, BackendError>>,
+) -> Vec<Vec<Result<Decision, BackendError>>> {
+    let mut hits = hits.into_iter();
+    (requests.iter())
+        .map(|request| hits.by_ref().take(request.hits.len()).collect())
+        .collect()
 }
 
-/// Sends one script call for `requests` on the lane's connection (once more after loading
-/// the script if the server had lost it) and splits its results by request, unless Redis ran
-/// it past `deadline` (its clock, µs) and it decided nothing.
+/// Sends one script call for `groups` on the lane's connection (once more after loading the
+/// script if the server had lost it), to be run by `deadline` (Redis' clock, µs) or not at
+/// all; its reply, which a connection that answered always has (an error reply included).
 async fn exchange<L: Link>(
     state: &LaneState<L>,
-    requests: &[Request],
+    groups: &[Group<'_>],
     deadline: Option<u64>,
-) -> Result<Verdict, BackendError> {
+) -> Result<redis::Value, BackendError> {
     let shared = &state.shared;
-    let planned: Vec<Vec<PlannedHit<'_>>> = requests
-        .iter()
-        .map(|request| {
-            (request.hits.iter())
-                .map(|hit| PlannedHit {
-                    key: &hit.key,
-                    limit: &hit.limit,
-                    hits: hit.hits,
-                    binding: hit.binding,
-                })
-                .collect()
-        })
-        .collect();
-    let groups: Vec<Group<'_>> = (requests.iter().zip(&planned))
-        .map(|(request, hits)| Group {
-            mode: request.mode,
-            hits,
-        })
-        .collect();
     let local_now = shared.clock.now_micros();
     let command = script::batch_call(
         &shared.scripts,
-        &groups,
+        groups,
         state.link.target(),
         ScriptClock::Redis,
         deadline,
@@ -926,26 +923,5 @@ async fn exchange<L: Link>(
     state.quickest_round_trip.observe(round_trip, received);
     *lock(&state.silent_since) = None;
     *lock(&state.last_reply) = Some(received);
-    let (ran, results) = match batch_results(&reply, &groups) {
-        Results::Late { ran_at } => {
-            state.redis_clock.observe(ran_at, received);
-            return Ok(Verdict::Late { ran_at });
-        }
-        Results::Hits { ran, hits } => {
-            if let Some(ran) = ran {
-                state.redis_clock.observe(ran.finished, received);
-                state.note_reading_lag(ran.finished, received);
-            }
-            (ran, hits)
-        }
-    };
-    let mut results = results.into_iter();
-    let per_request = requests
-        .iter()
-        .map(|request| results.by_ref().take(request.hits.len()).collect())
-        .collect();
-    Ok(Verdict::Decided {
-        results: per_request,
-        ran,
-    })
+    Ok(reply)
 }

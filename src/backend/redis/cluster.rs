@@ -40,14 +40,12 @@ use crate::backend::{BackendError, CounterHit, give_backs, rejects, settle_give_
 use crate::clock::Clock;
 use crate::limiter::{Decision, Limit};
 
-use super::batcher::{Lane, Link, QueuedHit, Shared};
+use super::batcher::{Lane, Link, Shared};
 use super::deadline::RedisClock;
 use super::redirect::{LONGEST_PAUSE, not_served_here, run_call};
-use super::script::{Mode, Target};
+use super::script::{Mode, RedisHit, Target};
 use super::slots::{Node, SlotMap};
-use super::{
-    Call, RedisOptions, Scripts, load_scripts, lock, redact, request_deadline, unavailable,
-};
+use super::{RedisOptions, Scripts, load_scripts, lock, redact, request_deadline, unavailable};
 
 /// A Redis Cluster reached through a list of seed nodes.
 pub struct RedisClusterBackend {
@@ -209,28 +207,19 @@ impl RedisClusterBackend {
         if hits.is_empty() {
             return Vec::new();
         }
-        let keys: Vec<String> = (hits.iter())
-            .map(|hit| format!("{}{}", self.options.key_prefix, hit.key))
-            .collect();
+        let hits: Vec<RedisHit> = hits.iter().map(|hit| self.options.redis_hit(hit)).collect();
         let mut results: Vec<Option<Result<Decision, BackendError>>> = vec![None; hits.len()];
         let map = self.slot_map(deadline).await;
         if let Some(map) = &map {
             let mut by_node: HashMap<&Node, Vec<usize>> = HashMap::new();
-            for (index, key) in keys.iter().enumerate() {
-                if let Some(node) = map.node_of(key.as_bytes()) {
+            for (index, hit) in hits.iter().enumerate() {
+                if let Some(node) = map.node_of(hit.key.as_bytes()) {
                     by_node.entry(node).or_default().push(index);
                 }
             }
             let decided = by_node.into_iter().map(|(node, indices)| {
                 let lane = self.lane(node);
-                let queued = (indices.iter())
-                    .map(|&i| QueuedHit {
-                        key: keys[i].clone(),
-                        limit: hits[i].limit.clone().into_owned(),
-                        hits: hits[i].hits,
-                        binding: hits[i].binding,
-                    })
-                    .collect();
+                let queued = indices.iter().map(|&i| hits[i].clone()).collect();
                 async move { (indices, lane.decide(queued, Mode::Each, deadline).await) }
             });
             let mut stale = false;
@@ -263,11 +252,10 @@ impl RedisClusterBackend {
         if !unanswered.is_empty() {
             // Redis must not run a call after its sender gave up on it.
             let gives_up = deadline.min(Instant::now() + self.options.command_timeout);
-            let calls: Vec<Call<'_>> = (unanswered.iter())
-                .map(|&i| Call {
-                    key: keys[i].clone(),
-                    hit: &hits[i],
-                    deadline: self.redis_deadline(map.as_deref(), &keys[i], gives_up),
+            let calls: Vec<(&RedisHit, Option<u64>)> = (unanswered.iter())
+                .map(|&i| {
+                    let deadline = self.redis_deadline(map.as_deref(), &hits[i].key, gives_up);
+                    (&hits[i], deadline)
                 })
                 .collect();
             let resent = self.resend_until(&calls, deadline).await;
@@ -280,11 +268,12 @@ impl RedisClusterBackend {
             .collect()
     }
 
-    /// Sends each call on its own, routed by its slot and following redirects, by
+    /// Sends each hit in a call of its own (with the deadline, on its server's clock, past
+    /// which the call must decide nothing), routed by its slot and following redirects, by
     /// `deadline` and within the command timeout.
     async fn resend_until(
         &self,
-        calls: &[Call<'_>],
+        calls: &[(&RedisHit, Option<u64>)],
         deadline: Instant,
     ) -> Vec<Result<Decision, BackendError>> {
         let timeout = self.options.command_timeout;
@@ -295,10 +284,11 @@ impl RedisClusterBackend {
             Err(_) => return vec![Err(BackendError::Timeout(timeout)); calls.len()],
         };
         let local_now = self.shared.clock.now_micros();
-        futures_util::future::join_all(calls.iter().map(|call| {
+        futures_util::future::join_all(calls.iter().map(|&(hit, redis_deadline)| {
             let connection = connection.clone();
             async move {
-                let run = run_call(connection, &self.shared.scripts, call, local_now);
+                let scripts = &self.shared.scripts;
+                let run = run_call(connection, scripts, hit, redis_deadline, local_now);
                 match timeout_at(deadline, run).await {
                     Ok(result) => result,
                     Err(_) => Err(BackendError::Timeout(timeout)),

@@ -40,11 +40,11 @@ use crate::backend::{BackendError, CounterHit};
 use crate::clock::Clock;
 use crate::limiter::{Decision, Limit};
 use crate::settings::{Password, Settings};
-use batcher::{Lane, Link, QueuedHit, Shared};
+use batcher::{Lane, Link, Shared};
 use connect::{PrimaryConnection, Source};
 use deadline::RedisClock;
 pub(crate) use script::Scripts;
-use script::{Mode, Target};
+use script::{Mode, RedisHit, Target};
 
 /// How to reach Redis and how long to wait for it. `Debug` redacts the password.
 #[derive(Clone, PartialEq, Eq)]
@@ -97,6 +97,16 @@ impl RedisOptions {
             password: usable(&per_second.password),
             sentinel_master: per_second.sentinel_master.clone(),
             ..Self::from_settings(settings, tls)
+        }
+    }
+
+    /// `hit` as Redis takes it: its counter's full key (the key prefix, then the counter key).
+    fn redis_hit(&self, hit: &CounterHit<'_>) -> RedisHit {
+        RedisHit {
+            key: format!("{}{}", self.key_prefix, hit.key),
+            limit: hit.limit.clone().into_owned(),
+            hits: hit.hits,
+            binding: hit.binding,
         }
     }
 
@@ -237,15 +247,7 @@ impl RedisBackend {
         }
         let options = &self.options;
         let deadline = request_deadline(deadline, options.command_timeout);
-        let queued = hits
-            .iter()
-            .map(|hit| QueuedHit {
-                key: format!("{}{}", options.key_prefix, hit.key),
-                limit: hit.limit.clone().into_owned(),
-                hits: hit.hits,
-                binding: hit.binding,
-            })
-            .collect();
+        let queued = hits.iter().map(|hit| options.redis_hit(hit)).collect();
         let mode = if all_or_nothing {
             Mode::AllOrNothing
         } else {
@@ -316,68 +318,10 @@ impl RedisBackend {
     }
 }
 
-/// One counter hit as a script call: the full Redis key, the hit, and the deadline past
-/// which the call must decide nothing, on the clock of the server expected to run it.
-pub(crate) struct Call<'a> {
-    pub key: String,
-    pub hit: &'a CounterHit<'a>,
-    pub deadline: Option<u64>,
-}
-
-/// When a call ran, on its server's clock (µs): when the script started and finished.
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct RanAt {
-    pub started: u64,
-    pub finished: u64,
-}
-
 /// When a request must be answered: the caller's deadline, or `command_timeout` from now
 /// when it gave none. (Each call to Redis is bounded by the command timeout besides.)
 pub(crate) fn request_deadline(caller: Option<Instant>, command_timeout: Duration) -> Instant {
     caller.unwrap_or_else(|| Instant::now() + command_timeout)
-}
-
-/// What a batch call's reply says of its hits.
-pub(crate) enum Results {
-    /// Each hit's decision, or why it has none; and when the script ran on Redis' clock,
-    /// when the reply says.
-    Hits {
-        ran: Option<RanAt>,
-        hits: Vec<Result<Decision, BackendError>>,
-    },
-    /// The call ran at `ran_at`, past its deadline: nothing was decided or written.
-    Late { ran_at: u64 },
-}
-
-/// Reads a batch call's reply for `groups`.
-pub(crate) fn batch_results(reply: &redis::Value, groups: &[script::Group<'_>]) -> Results {
-    let hits = groups.iter().map(|group| group.hits.len()).sum();
-    let failed = |error: BackendError| Results::Hits {
-        ran: None,
-        hits: vec![Err(error); hits],
-    };
-    match script::batch_answer(reply, groups) {
-        Ok(script::BatchAnswer::Decided {
-            now_micros,
-            finished_micros,
-            reply,
-        }) => Results::Hits {
-            ran: Some(RanAt {
-                started: now_micros,
-                finished: finished_micros,
-            }),
-            hits: (reply.decisions.into_iter())
-                .map(|decision| {
-                    decision.map_err(|e| BackendError::Unavailable(format!("redis: {e}")))
-                })
-                .collect(),
-        },
-        Ok(script::BatchAnswer::Late { now_micros }) => Results::Late { ran_at: now_micros },
-        Err(error) if matches!(reply, redis::Value::ServerError(_)) => {
-            failed(BackendError::Unavailable(error))
-        }
-        Err(error) => failed(BackendError::Protocol(error)),
-    }
 }
 
 /// One command's reply, an error reply included (as a value, so NOSCRIPT can be told apart).
@@ -415,84 +359,13 @@ fn is_noscript(reply: &redis::Value) -> bool {
         if error.kind() == Some(redis::ServerErrorKind::NoScript))
 }
 
-/// The result of a call of one hit, `call` ([`script::add_call`]): its decision; the hit's own
-/// error (its message names it, a key this node does not serve included) or the call's
-/// error reply as unavailable; anything else as a protocol error.
-fn reply_to_result(reply: &redis::Value, call: &Call<'_>) -> Result<Decision, BackendError> {
-    let hit = [script::PlannedHit {
-        key: &call.key,
-        limit: &call.hit.limit,
-        hits: call.hit.hits,
-        binding: call.hit.binding,
-    }];
-    let group = [script::Group {
-        mode: Mode::Each,
-        hits: &hit,
-    }];
-    match batch_results(reply, &group) {
-        Results::Hits { mut hits, .. } => hits
-            .pop()
-            .unwrap_or_else(|| Err(BackendError::Protocol("no reply to the script call".into()))),
-        // Its request's deadline has passed: the caller has answered it already.
-        Results::Late { .. } => Err(BackendError::Late),
-    }
-}
-
 fn unavailable(error: redis::RedisError) -> BackendError {
     BackendError::Unavailable(format!("redis: {error}"))
 }
 
 #[cfg(test)]
 mod tests {
-    use std::borrow::Cow;
-
     use super::*;
-    use crate::limiter::{CounterKey, Hits, Limit, Unit};
-
-    #[test]
-    fn a_hit_that_failed_is_unavailable_with_its_message_and_a_bad_reply_a_protocol_error() {
-        let limit = Limit::per(5, Unit::Second);
-        let hit = CounterHit {
-            key: CounterKey::new("d", "r", 0, &limit, []),
-            limit: Cow::Borrowed(&limit),
-            hits: Hits::take(1),
-            binding: true,
-        };
-        let call = Call {
-            key: hit.key.to_string(),
-            hit: &hit,
-            deadline: None,
-        };
-        let failed = redis::Value::Array(vec![
-            redis::Value::Int(1_700_000_000_000_000),
-            redis::Value::Int(1_700_000_000_000_000),
-            redis::Value::Int(0),
-            redis::Value::Int(0),
-            redis::Value::BulkString(b"Script attempted to access a non local key".to_vec()),
-        ]);
-        assert!(matches!(
-            reply_to_result(&failed, &call),
-            Err(BackendError::Unavailable(message)) if message.contains("non local key")
-        ));
-        let decided = redis::Value::Array(vec![
-            redis::Value::Int(1_700_000_000_000_000),
-            redis::Value::Int(1_700_000_000_000_000),
-            redis::Value::Int(5),
-            redis::Value::Int(10),
-        ]);
-        assert_eq!(
-            reply_to_result(&decided, &call),
-            Ok(Decision {
-                allowed: true,
-                remaining: 4,
-                reset_micros: 10
-            })
-        );
-        assert!(matches!(
-            reply_to_result(&redis::Value::Nil, &call),
-            Err(BackendError::Protocol(_))
-        ));
-    }
 
     #[test]
     fn the_per_second_redis_has_its_own_address_and_the_main_ones_timeouts() {

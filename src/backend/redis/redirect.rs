@@ -22,34 +22,40 @@ use redis::{ErrorKind, RedisError, RedisResult, ServerErrorKind, Value};
 use crate::backend::BackendError;
 use crate::limiter::Decision;
 
-use super::script::{self, ScriptClock};
-use super::{Call, Scripts, is_noscript, load_scripts, reply_to_result, unavailable};
+use super::script::{self, RedisHit, ScriptClock};
+use super::{Scripts, is_noscript, load_scripts, unavailable};
 
 /// The first pause before resending a call the cluster could not take yet (TRYAGAIN,
 /// CLUSTERDOWN, a node being reconnected); it doubles up to [`LONGEST_PAUSE`].
 const FIRST_PAUSE: Duration = Duration::from_millis(5);
 pub(super) const LONGEST_PAUSE: Duration = Duration::from_millis(100);
 
-/// One call, sent again after each redirect until it runs (a redirect means it did not)
-/// and again once after a NOSCRIPT, with the scripts loaded. The caller's deadline ends
-/// the loop.
+/// One call of `hit`, to be run by `deadline` (its server's clock, µs) or not at all, sent
+/// again after each redirect until it runs (a redirect means it did not) and again once after
+/// a NOSCRIPT, with the scripts loaded. The caller's deadline ends the loop.
 pub(super) async fn run_call(
     mut connection: ClusterConnection,
     scripts: &Scripts,
-    call: &Call<'_>,
+    hit: &RedisHit,
+    deadline: Option<u64>,
     local_now: u64,
 ) -> Result<Decision, BackendError> {
     let mut target = None;
     let mut pause = FIRST_PAUSE;
     let mut reloaded = false;
     loop {
-        match send(&mut connection, scripts, call, local_now, target.as_ref()).await {
+        let call = Call {
+            hit,
+            deadline,
+            local_now,
+        };
+        match send(&mut connection, scripts, &call, target.as_ref()).await {
             Ok(reply) if is_noscript(&reply) && !reloaded => {
                 tracing::info!("a redis cluster node lost its scripts; loading them again");
                 load_scripts(&mut connection, scripts).await?;
                 reloaded = true;
             }
-            Ok(reply) => match reply_to_result(&reply, call) {
+            Ok(reply) => match script::decision(&reply) {
                 // The key the script read first is not served here (its slot is moving
                 // and the key moved, or the cluster is failing over): nothing ran.
                 Err(BackendError::Unavailable(message)) if not_served_here(&message) => {
@@ -72,12 +78,19 @@ pub(super) async fn run_call(
     }
 }
 
+/// One hit's call: the deadline past which it decides nothing (its server's clock), and the
+/// local clock for calendar windows.
+struct Call<'a> {
+    hit: &'a RedisHit,
+    deadline: Option<u64>,
+    local_now: u64,
+}
+
 /// Sends one call: routed by its key, or to the node a redirect named.
 async fn send(
     connection: &mut ClusterConnection,
     scripts: &Scripts,
     call: &Call<'_>,
-    local_now: u64,
     target: Option<&Resend>,
 ) -> RedisResult<Value> {
     let mut pipe = redis::pipe();
@@ -85,19 +98,13 @@ async fn send(
     if let Some(Resend::Asking(_)) = target {
         pipe.cmd("ASKING");
     }
-    let hit = script::PlannedHit {
-        key: &call.key,
-        limit: &call.hit.limit,
-        hits: call.hit.hits,
-        binding: call.hit.binding,
-    };
     script::add_call(
         &mut pipe,
         scripts,
-        hit,
+        call.hit,
         ScriptClock::Redis,
         call.deadline,
-        local_now,
+        call.local_now,
     );
     let replies: Vec<Value> = match target {
         Some(Resend::Asking(node) | Resend::To(node)) => {

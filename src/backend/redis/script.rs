@@ -8,6 +8,7 @@
 
 use deadpool_redis::redis;
 
+use crate::backend::BackendError;
 use crate::limiter::{Algorithm, Decision, Hits, Limit, SECOND_MICROS};
 
 /// Where a script reads the time: Redis' own clock in production; a fixed instant in tests.
@@ -65,12 +66,14 @@ pub fn log_keys(key: &str) -> [String; 2] {
     [format!("{key}:log"), format!("{key}:n")]
 }
 
-/// One counter hit as the script takes it: the counter's full Redis key, its limit, the hit,
-/// and whether its rejection rejects its request (read in an all-or-nothing group only).
-#[derive(Debug, Clone, Copy)]
-pub struct PlannedHit<'a> {
-    pub key: &'a str,
-    pub limit: &'a Limit,
+/// One counter hit as Redis takes it, from the connection's queue to the script's arguments:
+/// the counter's full Redis key (the settings' prefix, then the counter key), its limit, the
+/// hit, and whether its rejection rejects its request (read in an all-or-nothing group
+/// only). Owned, since a task of its own sends the queue.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RedisHit {
+    pub key: String,
+    pub limit: Limit,
     pub hits: Hits,
     pub binding: bool,
 }
@@ -89,7 +92,7 @@ pub enum Mode {
 #[derive(Debug, Clone, Copy)]
 pub struct Group<'a> {
     pub mode: Mode,
-    pub hits: &'a [PlannedHit<'a>],
+    pub hits: &'a [RedisHit],
 }
 
 /// Where a call runs, which decides the keys it declares. The script reads every key from
@@ -161,27 +164,27 @@ fn window_key(key: &str, ends_micros: u64) -> String {
 /// hits of one limit are together (stable, so two hits of one counter, which share their
 /// limit, keep their order), cut into runs of one limit and one cost. Hits of different
 /// counters commute, so this order decides each counter as the call order would.
-struct Plan<'h, 'a> {
+struct Plan<'a> {
     limits: Vec<&'a Limit>,
-    sections: Vec<Section<'h, 'a>>,
+    sections: Vec<Section<'a>>,
 }
 
-enum Section<'h, 'a> {
+enum Section<'a> {
     /// Hits decided one by one: `(call index, hit)` in the order sent, and the runs (limit
     /// number, cost, length) they form.
     Runs {
-        hits: Vec<(usize, &'h PlannedHit<'a>)>,
+        hits: Vec<(usize, &'a RedisHit)>,
         runs: Vec<(usize, Cost, usize)>,
     },
     /// One all-or-nothing group: its hits, each with its limit number.
     All {
         first: usize,
-        hits: Vec<(&'h PlannedHit<'a>, usize)>,
+        hits: Vec<(&'a RedisHit, usize)>,
     },
 }
 
-impl<'h, 'a> Plan<'h, 'a> {
-    fn new(groups: &'h [Group<'a>]) -> Self {
+impl<'a> Plan<'a> {
+    fn new(groups: &[Group<'a>]) -> Self {
         let mut limits: Vec<&'a Limit> = Vec::new();
         let mut number = |limit: &'a Limit| -> usize {
             let known = limits
@@ -207,12 +210,12 @@ impl<'h, 'a> Plan<'h, 'a> {
             sections.push(match first.mode {
                 Mode::AllOrNothing => Section::All {
                     first: start,
-                    hits: hits.map(|hit| (hit, number(hit.limit))).collect(),
+                    hits: hits.map(|hit| (hit, number(&hit.limit))).collect(),
                 },
                 Mode::Each => {
-                    let mut numbered: Vec<(usize, usize, &'h PlannedHit<'a>)> = hits
+                    let mut numbered: Vec<(usize, usize, &'a RedisHit)> = hits
                         .enumerate()
-                        .map(|(i, hit)| (number(hit.limit), start + i, hit))
+                        .map(|(i, hit)| (number(&hit.limit), start + i, hit))
                         .collect();
                     numbered.sort_by_key(|&(limit, _, _)| limit);
                     let mut runs: Vec<(usize, Cost, usize)> = Vec::new();
@@ -238,7 +241,7 @@ impl<'h, 'a> Plan<'h, 'a> {
 /// The EVALSHA that decides every group, in order, in one script call that reads the clock
 /// once (`lua/batch.lua`). `local_now` is this process's clock, used only to compute calendar
 /// windows around now (the script picks the one that contains Redis' time). A call that
-/// runs after `deadline` (µs on the script's clock) decides nothing: [`BatchAnswer::Late`].
+/// runs after `deadline` (µs on the script's clock) decides nothing: [`Answer::Late`].
 pub fn batch_call(
     scripts: &Scripts,
     groups: &[Group<'_>],
@@ -256,7 +259,7 @@ pub fn batch_call(
             // The keys the hits will touch by this process's clock; near a window's end
             // Redis' clock may pick the next one, which is in the same slot.
             let keys: Vec<String> = (groups.iter().flat_map(|g| g.hits))
-                .flat_map(|hit| state_keys(hit.key, hit.limit, local_now))
+                .flat_map(|hit| state_keys(&hit.key, &hit.limit, local_now))
                 .collect();
             call.arg(keys.len()).arg(&keys[..])
         }
@@ -285,7 +288,7 @@ pub fn batch_call(
     for section in &plan.sections {
         match section {
             Section::Runs { hits, runs } => {
-                let mut keys = hits.iter().map(|(_, hit)| hit.key);
+                let mut keys = hits.iter().map(|(_, hit)| hit.key.as_str());
                 for &(limit, cost, len) in runs {
                     call.arg("each").arg(len).arg(limit).arg(cost);
                     for key in keys.by_ref().take(len) {
@@ -296,7 +299,7 @@ pub fn batch_call(
             Section::All { hits, .. } => {
                 call.arg("all").arg(hits.len());
                 for &(hit, limit) in hits {
-                    call.arg(hit.key)
+                    call.arg(&hit.key)
                         .arg(limit)
                         .arg(Cost(hit.hits))
                         .arg(u8::from(hit.binding));
@@ -322,60 +325,46 @@ impl redis::ToRedisArgs for Cost {
     }
 }
 
-/// What a batch call answered: its decisions, or that it came too late to decide.
+/// What a batch call's reply says: every hit's decision, or that Redis ran the call too late
+/// to decide anything. The one reading of a reply, for the standalone lanes, the cluster's
+/// own calls and the tests of the Lua contract.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum BatchAnswer {
-    /// Every hit decided (or failed alone) at `now_micros` on the script's clock; the call
-    /// finished at `finished_micros` on the same clock.
+pub enum Answer {
+    /// The call ran in time: one result per hit, in call order (a hit that failed has the
+    /// error that failed it; in an all-or-nothing group, the one that failed the group), and
+    /// per all-or-nothing group whether its hits were applied (`None`: the group failed).
     Decided {
-        now_micros: u64,
-        finished_micros: u64,
-        reply: BatchReply,
+        ran: RanAt,
+        hits: Vec<Result<Decision, BackendError>>,
+        applied: Vec<Option<bool>>,
     },
-    /// The call ran at `now_micros`, past its deadline: it decided nothing and wrote
-    /// nothing.
-    Late { now_micros: u64 },
+    /// The call ran at `ran_at` (the script's clock, µs), past its deadline: it decided
+    /// nothing and wrote nothing.
+    Late { ran_at: u64 },
 }
 
-impl BatchAnswer {
-    /// The script's clock when the call ran: Redis' `TIME`, or the time a test supplied.
-    pub fn now_micros(&self) -> u64 {
-        match self {
-            BatchAnswer::Decided { now_micros, .. } | BatchAnswer::Late { now_micros } => {
-                *now_micros
-            }
-        }
-    }
+/// When a call ran, on the script's clock (µs): when it started and when it finished.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RanAt {
+    pub started: u64,
+    pub finished: u64,
 }
 
-/// The decisions of a batch call that ran in time.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct BatchReply {
-    /// One per hit, in call order: its decision, or the message of the error that failed it
-    /// (for a hit of an all-or-nothing group, the error that failed the group).
-    pub decisions: Vec<Result<Decision, String>>,
-    /// One per all-or-nothing group, in order: whether its hits were applied (`None` when
-    /// the group failed).
-    pub applied: Vec<Option<bool>>,
+/// Reads a batch call's reply for `groups`, the groups the call was built from. A reply that
+/// is no answer is an error for every hit: Redis' own error reply (the call did not run) as
+/// unavailable, anything else as a protocol error.
+pub fn read_reply(reply: &redis::Value, groups: &[Group<'_>]) -> Result<Answer, BackendError> {
+    read_answer(reply, groups).map_err(|error| match reply {
+        redis::Value::ServerError(_) => BackendError::Unavailable(error),
+        _ => BackendError::Protocol(error),
+    })
 }
 
-/// Reads the reply of a call made without a deadline (or one that must have run in time):
-/// a late call is an error.
-pub fn batch_reply(reply: &redis::Value, groups: &[Group<'_>]) -> Result<BatchReply, String> {
-    match batch_answer(reply, groups)? {
-        BatchAnswer::Decided { reply, .. } => Ok(reply),
-        BatchAnswer::Late { now_micros } => Err(format!(
-            "rate-limit script ran at {now_micros} µs, past its deadline, and decided nothing"
-        )),
-    }
-}
-
-/// Reads a batch call's reply for `groups`, the groups the call was built from.
-pub fn batch_answer(reply: &redis::Value, groups: &[Group<'_>]) -> Result<BatchAnswer, String> {
+fn read_answer(reply: &redis::Value, groups: &[Group<'_>]) -> Result<Answer, String> {
     let plan = Plan::new(groups);
     let total = groups.iter().map(|g| g.hits.len()).sum();
     let mut reply = Reply(array(reply)?.iter().peekable());
-    let now_micros = reply.instant("its instant")?;
+    let started = reply.instant("its instant")?;
     if let Some(redis::Value::BulkString(text)) = reply.0.peek()
         && text.as_slice() == b"late"
     {
@@ -383,12 +372,12 @@ pub fn batch_answer(reply: &redis::Value, groups: &[Group<'_>]) -> Result<BatchA
         if let Some(extra) = reply.0.next() {
             return Err(format!("rate-limit script replied {extra:?} after 'late'"));
         }
-        return Ok(BatchAnswer::Late { now_micros });
+        return Ok(Answer::Late { ran_at: started });
     }
-    let finished_micros = reply.instant("its end")?;
+    let finished = reply.instant("its end")?;
     // One decision per hit in call order; `None` for a hit that failed, whose message comes
     // after the numbers, in the order sent.
-    let mut decisions: Vec<Option<Result<Decision, String>>> = vec![None; total];
+    let mut decisions: Vec<Option<Result<Decision, BackendError>>> = vec![None; total];
     let mut applied = Vec::new();
     // The call indices each message fails, in the order of the messages.
     let mut failures: Vec<Vec<usize>> = Vec::new();
@@ -423,9 +412,9 @@ pub fn batch_answer(reply: &redis::Value, groups: &[Group<'_>]) -> Result<BatchA
         }
     }
     for failed in failures {
-        let text = reply.message()?;
+        let error = BackendError::Unavailable(format!("redis: {}", reply.message()?));
         for index in failed {
-            decisions[index] = Some(Err(text.clone()));
+            decisions[index] = Some(Err(error.clone()));
         }
     }
     if let Some(extra) = reply.0.next() {
@@ -433,14 +422,14 @@ pub fn batch_answer(reply: &redis::Value, groups: &[Group<'_>]) -> Result<BatchA
             "rate-limit script replied more than its calls: {extra:?}"
         ));
     }
-    let decisions = decisions
+    let hits = decisions
         .into_iter()
-        .map(|decision| decision.ok_or_else(|| "no answer for a hit".to_owned())?)
-        .collect::<Vec<_>>();
-    Ok(BatchAnswer::Decided {
-        now_micros,
-        finished_micros,
-        reply: BatchReply { decisions, applied },
+        .map(|decision| decision.ok_or_else(|| "no answer for a hit".to_owned()))
+        .collect::<Result<_, _>>()?;
+    Ok(Answer::Decided {
+        ran: RanAt { started, finished },
+        hits,
+        applied,
     })
 }
 
@@ -512,15 +501,14 @@ fn non_negative(value: i64, what: &str) -> Result<u64, String> {
 pub fn add_call(
     pipe: &mut redis::Pipeline,
     scripts: &Scripts,
-    hit: PlannedHit<'_>,
+    hit: &RedisHit,
     clock: ScriptClock,
     deadline: Option<u64>,
     local_now: u64,
 ) {
-    let hit = [hit];
     let group = [Group {
         mode: Mode::Each,
-        hits: &hit,
+        hits: std::slice::from_ref(hit),
     }];
     pipe.add_command(batch_call(
         scripts,
@@ -532,24 +520,26 @@ pub fn add_call(
     ));
 }
 
-/// Reads the reply to [`add_call`]: the one hit's decision.
-pub fn decision(reply: &redis::Value) -> Result<Decision, String> {
-    let limit = Limit::per(1, crate::limiter::Unit::Second);
-    let hit = [PlannedHit {
-        key: "",
-        limit: &limit,
+/// Reads the reply to [`add_call`]: the one hit's decision, or its error (a call Redis ran
+/// past its deadline is [`BackendError::Late`]: its request has been answered already).
+pub fn decision(reply: &redis::Value) -> Result<Decision, BackendError> {
+    // The reading needs only the call's shape: one hit, decided on its own.
+    let hit = RedisHit {
+        key: String::new(),
+        limit: Limit::per(1, crate::limiter::Unit::Second),
         hits: Hits::take(1),
         binding: true,
-    }];
+    };
     let group = [Group {
         mode: Mode::Each,
-        hits: &hit,
+        hits: std::slice::from_ref(&hit),
     }];
-    let mut reply = batch_reply(reply, &group)?;
-    reply
-        .decisions
-        .pop()
-        .unwrap_or_else(|| Err("no decision".into()))
+    match read_reply(reply, &group)? {
+        Answer::Decided { mut hits, .. } => hits
+            .pop()
+            .unwrap_or_else(|| Err(BackendError::Protocol("no reply to the script call".into()))),
+        Answer::Late { .. } => Err(BackendError::Late),
+    }
 }
 
 /// A calendar-aligned fixed window's boundaries b0 < b1 < b2 < b3 around `local_now`: the
@@ -659,7 +649,7 @@ mod tests {
             ),
         ];
         for (value, expected) in cases {
-            let error = decision(&value).expect_err("not a decision");
+            let error = decision(&value).expect_err("not a decision").to_string();
             assert!(error.contains(expected), "{error:?} lacks {expected:?}");
         }
     }
@@ -667,11 +657,9 @@ mod tests {
     #[test]
     fn a_failed_hit_gets_its_own_message_and_the_others_their_decisions() {
         let limit = Limit::per(5, Unit::Second);
-        let hit = |key| PlannedHit {
-            key,
-            limit: &limit,
-            hits: Hits::take(1),
+        let hit = |key| RedisHit {
             binding: true,
+            ..planned(key, &limit, Hits::take(1))
         };
         let each = [hit("a"), hit("b")];
         let all = [hit("c"), hit("d")];
@@ -690,27 +678,31 @@ mod tests {
             .map(Value::Int)
             .collect();
         items.extend([text("WRONGTYPE b"), text("boom")]);
-        let read = batch_reply(&Value::Array(items), &groups).expect("a reply");
-        assert_eq!(read.applied, [None]);
+        let Ok(Answer::Decided { hits, applied, .. }) = read_reply(&Value::Array(items), &groups)
+        else {
+            panic!("a decided call");
+        };
+        assert_eq!(applied, [None]);
+        let failed = |message: &str| Err(BackendError::Unavailable(format!("redis: {message}")));
         assert_eq!(
-            read.decisions,
+            hits,
             [
                 Ok(Decision {
                     allowed: true,
                     remaining: 4,
                     reset_micros: 10
                 }),
-                Err("WRONGTYPE b".into()),
-                Err("boom".into()),
-                Err("boom".into()),
+                failed("WRONGTYPE b"),
+                failed("boom"),
+                failed("boom"),
             ]
         );
     }
 
-    fn planned<'a>(key: &'a str, limit: &'a Limit, hits: Hits) -> PlannedHit<'a> {
-        PlannedHit {
-            key,
-            limit,
+    fn planned(key: &str, limit: &Limit, hits: Hits) -> RedisHit {
+        RedisHit {
+            key: key.to_owned(),
+            limit: limit.clone(),
             hits,
             binding: false,
         }
@@ -723,7 +715,7 @@ mod tests {
             algorithm: Algorithm::Gcra,
             ..Limit::per(5, Unit::Second)
         };
-        // An equal limit, not the same one, is still sent once.
+        // An equal limit is sent once.
         let equal = per_second.clone();
         let first = [
             planned("a", &per_second, Hits::take(1)),
@@ -778,9 +770,10 @@ mod tests {
             )
             .collect();
         items.extend([Value::Int(1), Value::Int(13), Value::Int(0)]);
-        let read = batch_reply(&Value::Array(items), &groups).expect("a reply");
-        let remaining: Vec<u64> = read
-            .decisions
+        let Ok(Answer::Decided { hits, .. }) = read_reply(&Value::Array(items), &groups) else {
+            panic!("a decided call");
+        };
+        let remaining: Vec<u64> = hits
             .iter()
             .map(|d| d.as_ref().expect("a decision").remaining)
             .collect();
@@ -798,14 +791,15 @@ mod tests {
         }];
         let late = Value::Array(vec![Value::Int(NOW), text("late")]);
         assert_eq!(
-            batch_answer(&late, &groups),
-            Ok(BatchAnswer::Late {
-                now_micros: NOW as u64
-            })
+            read_reply(&late, &groups),
+            Ok(Answer::Late { ran_at: NOW as u64 })
         );
-        let decided = batch_answer(&reply(&[5, 10]), &groups).expect("an answer");
-        assert_eq!(decided.now_micros(), NOW as u64);
-        assert!(matches!(decided, BatchAnswer::Decided { .. }));
+        let decided = read_reply(&reply(&[5, 10]), &groups).expect("an answer");
+        let at = NOW as u64;
+        assert!(
+            matches!(decided, Answer::Decided { ran, .. } if ran == RanAt { started: at, finished: at }),
+            "{decided:?}"
+        );
         // Without a deadline the call goes out with an empty one.
         let call = batch_call(
             &Scripts::new(),
@@ -816,6 +810,39 @@ mod tests {
             0,
         );
         assert_eq!(arguments(&call)[..4], ["0", "7", "", "1"]);
+    }
+
+    #[test]
+    fn a_hit_that_failed_is_unavailable_with_its_message_and_a_bad_reply_a_protocol_error() {
+        let failed = Value::Array(vec![
+            Value::Int(1_700_000_000_000_000),
+            Value::Int(1_700_000_000_000_000),
+            Value::Int(0),
+            Value::Int(0),
+            Value::BulkString(b"Script attempted to access a non local key".to_vec()),
+        ]);
+        assert!(matches!(
+            decision(&failed),
+            Err(BackendError::Unavailable(message)) if message.contains("non local key")
+        ));
+        let decided = Value::Array(vec![
+            Value::Int(1_700_000_000_000_000),
+            Value::Int(1_700_000_000_000_000),
+            Value::Int(5),
+            Value::Int(10),
+        ]);
+        assert_eq!(
+            decision(&decided),
+            Ok(Decision {
+                allowed: true,
+                remaining: 4,
+                reset_micros: 10
+            })
+        );
+        assert!(matches!(
+            decision(&Value::Nil),
+            Err(BackendError::Protocol(_))
+        ));
     }
 
     #[test]
@@ -852,13 +879,20 @@ mod declared {
             ..Limit::per(5, Unit::Second)
         };
         let mut pipe = redis::pipe();
-        let hit = PlannedHit {
-            key: "{t}:k",
-            limit: &log,
+        let hit = RedisHit {
+            key: "{t}:k".into(),
+            limit: log,
             hits: Hits::take(1),
             binding: true,
         };
-        add_call(&mut pipe, &Scripts::new(), hit, ScriptClock::Redis, None, 0);
+        add_call(
+            &mut pipe,
+            &Scripts::new(),
+            &hit,
+            ScriptClock::Redis,
+            None,
+            0,
+        );
         let command = pipe.cmd_iter().next().expect("one command");
         let declared: Vec<Vec<u8>> = command
             .args_iter()
