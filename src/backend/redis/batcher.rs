@@ -925,3 +925,6 @@ async fn exchange<L: Link>(
     *lock(&state.last_reply) = Some(received);
     Ok(reply)
 }
+
+#[cfg(test)]
+mod tests;
