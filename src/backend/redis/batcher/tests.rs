@@ -5,7 +5,6 @@
 //! answer nonsense. Every wait is on an event, never on a sleep.
 
 use std::collections::VecDeque;
-use std::pin::pin;
 use std::sync::atomic::AtomicUsize;
 use std::time::{SystemTime, UNIX_EPOCH};
 
@@ -50,6 +49,13 @@ struct Fake {
 impl Fake {
     fn then(&self, step: Step) {
         lock(&self.steps).push_back(step);
+    }
+
+    /// Holds the next call until the returned sender sends (or is dropped).
+    fn hold(&self) -> oneshot::Sender<()> {
+        let (release, held) = oneshot::channel();
+        self.then(Step::Hold(held));
+        release
     }
 
     fn counter(&self) -> &watch::Sender<usize> {
@@ -206,6 +212,18 @@ fn hits(keys: &[&str]) -> Vec<RedisHit> {
         .collect()
 }
 
+/// A request for one hit on each of `keys`, in `lane`'s queue: its first poll put it there.
+fn queued<'a>(
+    lane: &'a Lane<Arc<Fake>>,
+    keys: &[&str],
+    mode: Mode,
+    deadline: Instant,
+) -> BoxFuture<'a, Vec<Result<Decision, BackendError>>> {
+    let mut request = lane.decide(hits(keys), mode, deadline).boxed();
+    assert!(request.as_mut().now_or_never().is_none(), "{keys:?} waits");
+    request
+}
+
 fn later() -> Instant {
     Instant::now() + PATIENCE
 }
@@ -221,18 +239,13 @@ fn remaining(results: &[Result<Decision, BackendError>]) -> Vec<Result<u64, Back
 async fn requests_that_come_while_a_call_is_out_go_together_in_the_next_one_each_with_its_results()
 {
     let (fake, lane) = lane();
-    let (release, held) = oneshot::channel();
-    fake.then(Step::Hold(held));
-    let mut first = pin!(lane.decide(hits(&["k1"]), Mode::Each, later()));
-    assert!(first.as_mut().now_or_never().is_none());
+    let release = fake.hold();
+    let first = queued(&lane, &["k1"], Mode::Each, later());
     fake.received(1).await;
     // Queued while the first call is out: the first poll puts each in the lane's queue.
-    let mut second = pin!(lane.decide(hits(&["k2", "k3"]), Mode::Each, later()));
-    let mut third = pin!(lane.decide(hits(&["k4"]), Mode::AllOrNothing, later()));
-    let mut fourth = pin!(lane.decide(hits(&["k5"]), Mode::Each, later()));
-    assert!(second.as_mut().now_or_never().is_none());
-    assert!(third.as_mut().now_or_never().is_none());
-    assert!(fourth.as_mut().now_or_never().is_none());
+    let second = queued(&lane, &["k2", "k3"], Mode::Each, later());
+    let third = queued(&lane, &["k4"], Mode::AllOrNothing, later());
+    let fourth = queued(&lane, &["k5"], Mode::Each, later());
     release.send(()).expect("the call waits");
 
     let (first, second, third, fourth) = tokio::join!(first, second, third, fourth);
@@ -246,10 +259,8 @@ async fn requests_that_come_while_a_call_is_out_go_together_in_the_next_one_each
 #[tokio::test]
 async fn a_request_whose_wait_ends_before_its_call_is_sent_says_so_and_is_never_sent() {
     let (fake, lane) = lane();
-    let (release, held) = oneshot::channel();
-    fake.then(Step::Hold(held));
-    let mut first = pin!(lane.decide(hits(&["k1"]), Mode::Each, later()));
-    assert!(first.as_mut().now_or_never().is_none());
+    let release = fake.hold();
+    let first = queued(&lane, &["k1"], Mode::Each, later());
     fake.received(1).await;
     let wait = Duration::from_millis(20);
     let gave_up = lane.decide(hits(&["k2"]), Mode::Each, Instant::now() + wait);
@@ -268,10 +279,8 @@ async fn a_request_whose_wait_ends_before_its_call_is_sent_says_so_and_is_never_
 #[tokio::test]
 async fn a_request_past_the_room_redis_answers_in_time_is_shed_before_it_waits() {
     let (fake, lane) = lane();
-    let (release, held) = oneshot::channel();
-    fake.then(Step::Hold(held));
-    let mut first = pin!(lane.decide(hits(&["k1"]), Mode::Each, later()));
-    assert!(first.as_mut().now_or_never().is_none());
+    let release = fake.hold();
+    let first = queued(&lane, &["k1"], Mode::Each, later());
     fake.received(1).await;
     let many: Vec<String> = (0..4096).map(|n| format!("k{n}")).collect();
     let many: Vec<&str> = many.iter().map(String::as_str).collect();
@@ -303,18 +312,13 @@ async fn a_lost_script_is_loaded_again_and_the_same_call_sent_once_more() {
 async fn a_call_redis_ran_too_late_goes_again_with_the_requests_that_still_have_time() {
     let (fake, lane) = lane();
     // A first call out, so that the next two requests leave together.
-    let (release_first, first_held) = oneshot::channel();
-    fake.then(Step::Hold(first_held));
-    let mut first = pin!(lane.decide(hits(&["k1"]), Mode::Each, later()));
-    assert!(first.as_mut().now_or_never().is_none());
+    let release_first = fake.hold();
+    let first = queued(&lane, &["k1"], Mode::Each, later());
     fake.received(1).await;
     let (release_late, late_held) = oneshot::channel();
     fake.then(Step::HoldThenLate(late_held));
-    let mut patient = pin!(lane.decide(hits(&["k2"]), Mode::Each, later()));
-    let hurried = lane.decide(hits(&["k3"]), Mode::Each, Instant::now() + PATIENCE / 5);
-    let mut hurried = pin!(hurried);
-    assert!(patient.as_mut().now_or_never().is_none());
-    assert!(hurried.as_mut().now_or_never().is_none());
+    let patient = queued(&lane, &["k2"], Mode::Each, later());
+    let hurried = queued(&lane, &["k3"], Mode::Each, Instant::now() + PATIENCE / 5);
     release_first.send(()).expect("the call waits");
     fake.received(2).await;
     // The hurried request stops waiting while its call is out: it may have been counted.
