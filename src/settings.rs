@@ -4,6 +4,7 @@
 use std::fmt;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
 use std::time::Duration;
 
 use serde::Deserialize;
@@ -450,9 +451,116 @@ impl Default for ListenerTls {
     }
 }
 
-/// Everything `floodgate serve` can be told.
+/// How to reach Redis and how to guard against it: the `redis_*` settings. They are written
+/// flat, as envoyproxy/ratelimit's (`redis_url` in the file, `FLOODGATE_REDIS_URL`), and
+/// read from the same layers as the rest into this section (`Settings::load_from`), so every
+/// field names its setting.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(default)]
+pub struct RedisSettings {
+    /// `redis://[user:password@]host:port[/db]` for the redis backend (`rediss://` for TLS);
+    /// for redis-cluster a comma-separated list of seed nodes; for redis-sentinel of sentinels.
+    #[serde(rename = "redis_url")]
+    pub url: String,
+    /// Redis ACL user name; replaces the URL's when set.
+    #[serde(rename = "redis_username")]
+    pub username: Option<String>,
+    /// Redis password; replaces the URL's when set (so it can come from a secret instead of
+    /// the URL). Never printed.
+    #[serde(rename = "redis_password")]
+    pub password: Option<Password>,
+    /// redis-sentinel: the name the sentinels monitor the primary under.
+    #[serde(rename = "redis_sentinel_master")]
+    pub sentinel_master: String,
+    /// `rediss://`: a PEM CA Redis' certificate must chain to (else the system's trust, or
+    /// `SSL_CERT_FILE`).
+    #[serde(rename = "redis_tls_ca_file")]
+    pub tls_ca_file: Option<PathBuf>,
+    /// `rediss://`: a PEM client certificate and key, for a Redis that requires one.
+    #[serde(rename = "redis_tls_cert_file")]
+    pub tls_cert_file: Option<PathBuf>,
+    #[serde(rename = "redis_tls_key_file")]
+    pub tls_key_file: Option<PathBuf>,
+    /// Connections to Redis; each is multiplexed, shared by every request in flight on it.
+    #[serde(rename = "redis_pool_size")]
+    pub pool_size: usize,
+    #[serde(rename = "redis_per_second")]
+    pub per_second: PerSecondRedis,
+    /// Milliseconds to open a connection to Redis.
+    #[serde(rename = "redis_connect_timeout_ms")]
+    pub connect_timeout_ms: u64,
+    /// Milliseconds Redis has to start a call once it is sent (the script decides nothing
+    /// after it); a Redis whose quickest round trip is above it is too far to call at all.
+    #[serde(rename = "redis_command_timeout_ms")]
+    pub command_timeout_ms: u64,
+    /// The most milliseconds a request waits for Redis, whatever the caller's deadline (80%
+    /// of its `grpc-timeout`, when that is shorter): then its rules' `on_backend_error`
+    /// answers it. At least `redis_command_timeout_ms`; unset,
+    /// [`DEFAULT_REDIS_MAX_WAIT_MS`] or `redis_command_timeout_ms` if that is longer.
+    #[serde(rename = "redis_max_wait_ms")]
+    pub max_wait_ms: Option<u64>,
+    /// Put before every Redis key, so several deployments can share one Redis.
+    #[serde(rename = "redis_key_prefix")]
+    pub key_prefix: String,
+    /// Failed calls within `redis_breaker_window_ms` (failures outnumbering answers) that
+    /// open the circuit breaker: Redis is not called (each rule's failure policy answers at
+    /// once) until a probe succeeds. Timeouts are not failures.
+    #[serde(rename = "redis_breaker_failures")]
+    pub breaker_failures: u32,
+    /// The breaker's window in milliseconds: failures are counted over it, and a Redis that
+    /// answers nothing at all for a whole window while calls wait opens the breaker too.
+    #[serde(rename = "redis_breaker_window_ms")]
+    pub breaker_window_ms: u64,
+    /// Milliseconds between probes of an open circuit.
+    #[serde(rename = "redis_breaker_cooldown_ms")]
+    pub breaker_cooldown_ms: u64,
+    /// Counters Redis reported exhausted that are remembered locally, and answered without
+    /// Redis, until their quota returns (0 disables the cache).
+    #[serde(rename = "redis_local_cache_size")]
+    pub local_cache_size: usize,
+    #[serde(rename = "redis_startup")]
+    pub startup: RedisStartup,
+}
+
+impl RedisSettings {
+    /// The most a request waits for Redis: `redis_max_wait_ms`, or unset the default (or the
+    /// command timeout, if an operator raised it above the default).
+    pub fn max_wait(&self) -> Duration {
+        let millis =
+            (self.max_wait_ms).unwrap_or(DEFAULT_REDIS_MAX_WAIT_MS.max(self.command_timeout_ms));
+        Duration::from_millis(millis)
+    }
+}
+
+impl Default for RedisSettings {
+    fn default() -> Self {
+        RedisSettings {
+            url: "redis://127.0.0.1:6379".into(),
+            username: None,
+            password: None,
+            sentinel_master: "mymaster".into(),
+            tls_ca_file: None,
+            tls_cert_file: None,
+            tls_key_file: None,
+            pool_size: 1,
+            per_second: PerSecondRedis::default(),
+            connect_timeout_ms: 250,
+            command_timeout_ms: 15,
+            max_wait_ms: None,
+            key_prefix: "floodgate:".into(),
+            breaker_failures: 5,
+            breaker_window_ms: 1000,
+            breaker_cooldown_ms: 500,
+            local_cache_size: 100_000,
+            startup: RedisStartup::default(),
+        }
+    }
+}
+
+/// Everything `floodgate serve` can be told. A name that is no setting is refused
+/// (`Settings::load_from` checks the names: the `redis_*` ones are read by [`RedisSettings`]).
 #[derive(Debug, Clone, PartialEq, Deserialize)]
-#[serde(default, deny_unknown_fields)]
+#[serde(default)]
 pub struct Settings {
     pub grpc_addr: SocketAddr,
     /// A Unix socket to serve gRPC on instead of `grpc_addr` (a sidecar's Envoy, say).
@@ -490,50 +598,9 @@ pub struct Settings {
     /// The most counters held in memory (the memory backend, and the `local` failure
     /// policy's counters); past it a new counter takes the place of one expiring soon.
     pub memory_max_counters: usize,
-    /// `redis://[user:password@]host:port[/db]` for the redis backend (`rediss://` for TLS);
-    /// for redis-cluster a comma-separated list of seed nodes; for redis-sentinel of sentinels.
-    pub redis_url: String,
-    /// Redis ACL user name; replaces the URL's when set.
-    pub redis_username: Option<String>,
-    /// Redis password; replaces the URL's when set (so it can come from a secret instead of
-    /// the URL). Never printed.
-    pub redis_password: Option<Password>,
-    /// redis-sentinel: the name the sentinels monitor the primary under.
-    pub redis_sentinel_master: String,
-    /// `rediss://`: a PEM CA Redis' certificate must chain to (else the system's trust, or
-    /// `SSL_CERT_FILE`).
-    pub redis_tls_ca_file: Option<PathBuf>,
-    /// `rediss://`: a PEM client certificate and key, for a Redis that requires one.
-    pub redis_tls_cert_file: Option<PathBuf>,
-    pub redis_tls_key_file: Option<PathBuf>,
-    /// Connections to Redis; each is multiplexed, shared by every request in flight on it.
-    pub redis_pool_size: usize,
-    pub redis_per_second: PerSecondRedis,
-    /// Milliseconds to open a connection to Redis.
-    pub redis_connect_timeout_ms: u64,
-    /// Milliseconds Redis has to start a call once it is sent (the script decides nothing
-    /// after it); a Redis whose quickest round trip is above it is too far to call at all.
-    pub redis_command_timeout_ms: u64,
-    /// The most milliseconds a request waits for Redis, whatever the caller's deadline (80%
-    /// of its `grpc-timeout`, when that is shorter): then its rules' `on_backend_error`
-    /// answers it. At least `redis_command_timeout_ms`; unset,
-    /// [`DEFAULT_REDIS_MAX_WAIT_MS`] or `redis_command_timeout_ms` if that is longer.
-    pub redis_max_wait_ms: Option<u64>,
-    /// Put before every Redis key, so several deployments can share one Redis.
-    pub redis_key_prefix: String,
-    /// Failed calls within `redis_breaker_window_ms` (failures outnumbering answers) that
-    /// open the circuit breaker: Redis is not called (each rule's failure policy answers at
-    /// once) until a probe succeeds. Timeouts are not failures.
-    pub redis_breaker_failures: u32,
-    /// The breaker's window in milliseconds: failures are counted over it, and a Redis that
-    /// answers nothing at all for a whole window while calls wait opens the breaker too.
-    pub redis_breaker_window_ms: u64,
-    /// Milliseconds between probes of an open circuit.
-    pub redis_breaker_cooldown_ms: u64,
-    /// Counters Redis reported exhausted that are remembered locally, and answered without
-    /// Redis, until their quota returns (0 disables the cache).
-    pub redis_local_cache_size: usize,
-    pub redis_startup: RedisStartup,
+    /// The `redis_*` settings, read from the same layers into a section of their own.
+    #[serde(skip)]
+    pub redis: RedisSettings,
     /// Global shadow mode: the overall code is never OVER_LIMIT.
     pub shadow_mode: bool,
     /// Hits above this share of a limit count as near it (`ratelimit_service_rate_limit_
@@ -605,15 +672,7 @@ pub const DEFAULT_MEMORY_MAX_COUNTERS: usize = 400_000;
 /// With 10 ms for the answer's way back it fits the latency histogram's 50 ms bucket.
 pub const DEFAULT_REDIS_MAX_WAIT_MS: u64 = 40;
 
-impl Settings {
-    /// The most a request waits for Redis: `redis_max_wait_ms`, or unset the default (or the
-    /// command timeout, if an operator raised it above the default).
-    pub fn redis_max_wait(&self) -> Duration {
-        let millis = (self.redis_max_wait_ms)
-            .unwrap_or(DEFAULT_REDIS_MAX_WAIT_MS.max(self.redis_command_timeout_ms));
-        Duration::from_millis(millis)
-    }
-}
+impl Settings {}
 
 impl Default for Settings {
     fn default() -> Self {
@@ -635,24 +694,7 @@ impl Default for Settings {
             xds: XdsSettings::default(),
             backend: BackendKind::Memory,
             memory_max_counters: DEFAULT_MEMORY_MAX_COUNTERS,
-            redis_url: "redis://127.0.0.1:6379".into(),
-            redis_username: None,
-            redis_password: None,
-            redis_sentinel_master: "mymaster".into(),
-            redis_tls_ca_file: None,
-            redis_tls_cert_file: None,
-            redis_tls_key_file: None,
-            redis_pool_size: 1,
-            redis_per_second: PerSecondRedis::default(),
-            redis_connect_timeout_ms: 250,
-            redis_command_timeout_ms: 15,
-            redis_max_wait_ms: None,
-            redis_key_prefix: "floodgate:".into(),
-            redis_breaker_failures: 5,
-            redis_breaker_window_ms: 1000,
-            redis_breaker_cooldown_ms: 500,
-            redis_local_cache_size: 100_000,
-            redis_startup: RedisStartup::default(),
+            redis: RedisSettings::default(),
             shadow_mode: false,
             near_limit_ratio: 0.8,
             quota_mode: false,
@@ -745,7 +787,18 @@ impl Settings {
         for (key, value) in overrides.values {
             builder = builder.set_override(key, value)?;
         }
-        let settings: Settings = builder.build()?.try_deserialize()?;
+        let layers = builder.build()?;
+        let names: config::Map<String, config::Value> = layers.clone().try_deserialize()?;
+        if let Some(unknown) = names
+            .keys()
+            .find(|name| !setting_names().contains(&name.as_str()))
+        {
+            return Err(config::ConfigError::Message(format!(
+                "unknown setting `{unknown}` (docs/settings.md lists them)"
+            )));
+        }
+        let mut settings: Settings = layers.clone().try_deserialize()?;
+        settings.redis = layers.try_deserialize()?;
         if !(0.0..=1.0).contains(&settings.near_limit_ratio) {
             return Err(config::ConfigError::Message(format!(
                 "near_limit_ratio must be between 0 and 1, got {}",
@@ -760,7 +813,7 @@ impl Settings {
                 ))
             })?;
         }
-        let startup = &settings.redis_startup;
+        let startup = &settings.redis.startup;
         if startup.max_elapsed_ms > 0
             && (startup.initial_interval_ms == 0 || startup.max_interval_ms == 0)
         {
@@ -768,16 +821,16 @@ impl Settings {
                 "redis_startup: initial_interval_ms and max_interval_ms must be above 0".into(),
             ));
         }
-        if let Some(max_wait) = settings.redis_max_wait_ms
-            && max_wait < settings.redis_command_timeout_ms
+        if let Some(max_wait) = settings.redis.max_wait_ms
+            && max_wait < settings.redis.command_timeout_ms
         {
             return Err(config::ConfigError::Message(format!(
                 "redis_max_wait_ms ({max_wait}) must be at least redis_command_timeout_ms ({}): \
                  a request would stop waiting before its call could be answered",
-                settings.redis_command_timeout_ms
+                settings.redis.command_timeout_ms
             )));
         }
-        if settings.redis_per_second.backend == Some(BackendKind::Memory) {
+        if settings.redis.per_second.backend == Some(BackendKind::Memory) {
             return Err(config::ConfigError::Message(
                 "redis_per_second.backend: redis, redis-cluster or redis-sentinel (memory \
                  holds every counter already)"
@@ -819,9 +872,21 @@ fn names_a_setting(name: &str, settings: &[&str]) -> bool {
     settings.iter().any(|known| known.eq_ignore_ascii_case(top))
 }
 
-/// The names of [`Settings`]' fields, as serde knows them: read off the `deserialize_struct`
-/// call its derived `Deserialize` makes, so a new setting needs no list kept by hand.
+/// Every setting's name: the fields of [`Settings`] and of [`RedisSettings`], as serde knows
+/// them.
 fn setting_names() -> &'static [&'static str] {
+    static NAMES: OnceLock<Vec<&'static str>> = OnceLock::new();
+    NAMES.get_or_init(|| {
+        let mut names = field_names::<Settings>().to_vec();
+        names.retain(|&name| name != "redis");
+        names.extend(field_names::<RedisSettings>());
+        names
+    })
+}
+
+/// The names of a struct's fields, as serde knows them: read off the `deserialize_struct`
+/// call its derived `Deserialize` makes, so a new setting needs no list kept by hand.
+fn field_names<'de, T: Deserialize<'de>>() -> &'static [&'static str] {
     use serde::de::{self, Visitor};
 
     struct FieldNames(&'static [&'static str]);
@@ -865,7 +930,7 @@ fn setting_names() -> &'static [&'static str] {
     }
 
     let mut names = FieldNames(&[]);
-    let _ = Settings::deserialize(&mut names);
+    let _ = T::deserialize(&mut names);
     names.0
 }
 
@@ -938,9 +1003,9 @@ mod tests {
         )
         .unwrap();
         assert_eq!(settings.backend, BackendKind::RedisSentinel);
-        assert_eq!(settings.redis_username.as_deref(), Some("1234"));
-        assert_eq!(settings.redis_password, Some(Password::new("0123")));
-        assert_eq!(settings.redis_sentinel_master, "cache");
+        assert_eq!(settings.redis.username.as_deref(), Some("1234"));
+        assert_eq!(settings.redis.password, Some(Password::new("0123")));
+        assert_eq!(settings.redis.sentinel_master, "cache");
         assert!(!format!("{settings:?}").contains("0123"));
     }
 
@@ -951,7 +1016,7 @@ mod tests {
         std::fs::write(&file, "redis_password = \"from-file\"\n").unwrap();
         let from_file = Settings::load_from(Some(&file), env(&[]), Overrides::default());
         assert_eq!(
-            from_file.unwrap().redis_password,
+            from_file.unwrap().redis.password,
             Some(Password::new("from-file"))
         );
         let from_env = Settings::load_from(
@@ -960,7 +1025,7 @@ mod tests {
             Overrides::default(),
         );
         assert_eq!(
-            from_env.unwrap().redis_password,
+            from_env.unwrap().redis.password,
             Some(Password::new("from-env"))
         );
     }
@@ -1032,6 +1097,49 @@ mod tests {
         std::fs::write(&file, "shadow_mod = true\n").unwrap();
         let error = Settings::load_from(Some(&file), env(&[]), Overrides::default()).unwrap_err();
         assert!(error.to_string().contains("shadow_mod"), "{error}");
+    }
+
+    #[test]
+    fn the_redis_settings_are_read_as_written_into_their_section() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("floodgate.toml");
+        std::fs::write(
+            &file,
+            "redis_url = \"redis://cache:6379\"\nredis_pool_size = 2\n",
+        )
+        .unwrap();
+        let settings = Settings::load_from(
+            Some(&file),
+            env(&[
+                ("FLOODGATE_REDIS_POOL_SIZE", "3"),
+                // Read as a number by the environment layer, a string for this setting.
+                ("FLOODGATE_REDIS_KEY_PREFIX", "2024"),
+                ("FLOODGATE_REDIS_PER_SECOND__URL", "redis://second:6379"),
+                ("FLOODGATE_REDIS_STARTUP__MAX_ELAPSED_MS", "100"),
+            ]),
+            Overrides::default(),
+        )
+        .unwrap();
+        let redis = &settings.redis;
+        assert_eq!(redis.url, "redis://cache:6379");
+        assert_eq!(redis.pool_size, 3);
+        assert_eq!(redis.key_prefix, "2024");
+        assert_eq!(redis.per_second.url, "redis://second:6379");
+        assert_eq!(redis.startup.max_elapsed_ms, 100);
+        assert_eq!(redis.command_timeout_ms, 15, "the rest keep their defaults");
+
+        let bad = env(&[("FLOODGATE_REDIS_POOL_SIZE", "many")]);
+        let error = Settings::load_from(None, bad, Overrides::default()).unwrap_err();
+        assert!(error.to_string().contains("redis_pool_size"), "{error}");
+        let bad = env(&[("FLOODGATE_REDIS_PER_SECOND__URLS", "redis://second:6379")]);
+        let error = Settings::load_from(None, bad, Overrides::default()).unwrap_err();
+        assert!(error.to_string().contains("urls"), "{error}");
+        std::fs::write(&file, "redis_urls = \"redis://cache:6379\"\n").unwrap();
+        let error = Settings::load_from(Some(&file), env(&[]), Overrides::default()).unwrap_err();
+        assert!(
+            error.to_string().contains("unknown setting `redis_urls`"),
+            "{error}"
+        );
     }
 
     #[test]

@@ -12,7 +12,7 @@ use super::{
 };
 use crate::clock::Clock;
 use crate::files;
-use crate::settings::{BackendKind, Settings};
+use crate::settings::{BackendKind, RedisSettings, RedisStartup, Settings};
 
 impl Backend {
     /// The counter store `settings` name: `memory` itself, or a Redis store behind its
@@ -25,29 +25,30 @@ impl Backend {
         clock: Arc<dyn Clock>,
         memory: &Arc<MemoryBackend>,
     ) -> Result<Backend, BackendError> {
-        let tls = redis_tls(settings)?;
+        let redis = &settings.redis;
+        let tls = redis_tls(redis)?;
         // A store that did not answer at start starts with its breaker open: requests get
         // their policy at once, and readiness that follows the backend waits for its answer.
         let remote = |(store, down): (Store, Option<BackendError>)| {
             let breaker = Breaker::new(
-                settings.redis_breaker_failures,
-                Duration::from_millis(settings.redis_breaker_window_ms),
-                Duration::from_millis(settings.redis_breaker_cooldown_ms),
+                redis.breaker_failures,
+                Duration::from_millis(redis.breaker_window_ms),
+                Duration::from_millis(redis.breaker_cooldown_ms),
                 clock.clone(),
             );
-            let over_limit = OverLimitCache::new(settings.redis_local_cache_size, clock.clone());
+            let over_limit = OverLimitCache::new(redis.local_cache_size, clock.clone());
             let backend = Backend::remote(store, breaker, over_limit);
             if let Some(error) = down {
                 backend.open_at_start(&error.to_string());
             }
             backend
         };
-        let main = RedisOptions::from_settings(settings, tls.clone());
+        let main = RedisOptions::from_settings(redis, tls.clone());
         let backend = match settings.backend {
             BackendKind::Memory => Backend::memory(memory.clone()),
-            kind => remote(redis_store("redis", kind, main, &clock, settings).await?),
+            kind => remote(redis_store("redis", kind, main, &clock, &redis.startup).await?),
         };
-        let Some(kind) = settings.redis_per_second.backend else {
+        let Some(kind) = redis.per_second.backend else {
             return Ok(backend);
         };
         if settings.backend == BackendKind::Memory {
@@ -56,8 +57,8 @@ impl Backend {
                     .into(),
             ));
         }
-        let options = RedisOptions::per_second_from_settings(settings, tls);
-        let store = redis_store("redis_per_second", kind, options, &clock, settings).await?;
+        let options = RedisOptions::per_second_from_settings(redis, tls);
+        let store = redis_store("redis_per_second", kind, options, &clock, &redis.startup).await?;
         Ok(backend.with_per_second(remote(store)))
     }
 }
@@ -71,7 +72,7 @@ async fn redis_store(
     kind: BackendKind,
     options: RedisOptions,
     clock: &Arc<dyn Clock>,
-    settings: &Settings,
+    startup: &RedisStartup,
 ) -> Result<(Store, Option<BackendError>), BackendError> {
     let in_role = |error: BackendError| match error {
         BackendError::Config(why) => BackendError::Config(format!("{role}: {why}")),
@@ -93,7 +94,6 @@ async fn redis_store(
     let Err(error) = store.prepare().await else {
         return Ok((store, None));
     };
-    let startup = &settings.redis_startup;
     if startup.max_elapsed_ms == 0 {
         tracing::warn!(store = role, %error, "could not connect to redis and load the scripts yet");
         return Ok((store, Some(error)));
@@ -133,15 +133,15 @@ async fn redis_store(
 }
 
 /// The Redis TLS files the settings name, read; `None` when they name none.
-fn redis_tls(settings: &Settings) -> Result<Option<RedisTls>, BackendError> {
+fn redis_tls(settings: &RedisSettings) -> Result<Option<RedisTls>, BackendError> {
     let read = |path: &Option<PathBuf>| {
         let read = |path| files::read(path, files::PEM_MAX_BYTES);
         (path.as_deref().map(read).transpose()).map_err(|e| BackendError::Config(e.to_string()))
     };
-    let ca = read(&settings.redis_tls_ca_file)?;
+    let ca = read(&settings.tls_ca_file)?;
     let client = match (
-        read(&settings.redis_tls_cert_file)?,
-        read(&settings.redis_tls_key_file)?,
+        read(&settings.tls_cert_file)?,
+        read(&settings.tls_key_file)?,
     ) {
         (Some(cert), Some(key)) => Some((cert, key)),
         (None, None) => None,

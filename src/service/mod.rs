@@ -69,7 +69,7 @@ impl ServiceOptions {
             on_backend_error: settings.on_backend_error.into(),
             request_limits: settings.request_limits,
             near_limit_ratio: settings.near_limit_ratio,
-            backend_max_wait: settings.redis_max_wait(),
+            backend_max_wait: settings.redis.max_wait(),
             response_time_in_milliseconds: settings.metrics_response_time_in_milliseconds,
         }
     }

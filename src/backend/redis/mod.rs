@@ -39,7 +39,7 @@ use tokio::time::Instant;
 use crate::backend::{BackendError, CounterHit};
 use crate::clock::Clock;
 use crate::limiter::{Decision, Limit};
-use crate::settings::{Password, Settings};
+use crate::settings::{Password, RedisSettings};
 use batcher::{Lane, Link, Shared};
 use connect::{PrimaryConnection, Source};
 use deadline::RedisClock;
@@ -72,27 +72,27 @@ pub struct RedisOptions {
 
 impl RedisOptions {
     /// How to reach the main Redis the settings name, with `tls` (the files they name, read).
-    pub fn from_settings(settings: &Settings, tls: Option<RedisTls>) -> Self {
+    pub fn from_settings(settings: &RedisSettings, tls: Option<RedisTls>) -> Self {
         RedisOptions {
-            url: settings.redis_url.clone(),
-            pool_size: settings.redis_pool_size,
-            connect_timeout: Duration::from_millis(settings.redis_connect_timeout_ms),
-            command_timeout: Duration::from_millis(settings.redis_command_timeout_ms),
-            key_prefix: settings.redis_key_prefix.clone(),
-            username: settings.redis_username.clone(),
-            password: usable(&settings.redis_password),
-            sentinel_master: settings.redis_sentinel_master.clone(),
+            url: settings.url.clone(),
+            pool_size: settings.pool_size,
+            connect_timeout: Duration::from_millis(settings.connect_timeout_ms),
+            command_timeout: Duration::from_millis(settings.command_timeout_ms),
+            key_prefix: settings.key_prefix.clone(),
+            username: settings.username.clone(),
+            password: usable(&settings.password),
+            sentinel_master: settings.sentinel_master.clone(),
             tls,
         }
     }
 
     /// How to reach `redis_per_second`'s Redis: its own address, credentials and pool, the
     /// main Redis' timeouts, key prefix and TLS files.
-    pub fn per_second_from_settings(settings: &Settings, tls: Option<RedisTls>) -> Self {
-        let per_second = &settings.redis_per_second;
+    pub fn per_second_from_settings(settings: &RedisSettings, tls: Option<RedisTls>) -> Self {
+        let per_second = &settings.per_second;
         RedisOptions {
             url: per_second.url.clone(),
-            pool_size: per_second.pool_size.unwrap_or(settings.redis_pool_size),
+            pool_size: per_second.pool_size.unwrap_or(settings.pool_size),
             username: per_second.username.clone(),
             password: usable(&per_second.password),
             sentinel_master: per_second.sentinel_master.clone(),
@@ -378,13 +378,13 @@ mod tests {
         ]
         .map(|(name, value)| (name.to_owned(), value.to_owned()));
         let settings =
-            Settings::load_from(None, env, crate::settings::Overrides::default()).expect("loads");
-        let main = RedisOptions::from_settings(&settings, None);
+            crate::settings::Settings::load_from(None, env, Default::default()).expect("loads");
+        let main = RedisOptions::from_settings(&settings.redis, None);
         assert_eq!(
             (main.url.as_str(), main.pool_size),
             ("redis://main:6379", 3)
         );
-        let second = RedisOptions::per_second_from_settings(&settings, None);
+        let second = RedisOptions::per_second_from_settings(&settings.redis, None);
         assert_eq!(second.url, "redis://second:6379");
         assert_eq!(
             second.pool_size, 3,
