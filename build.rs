@@ -28,7 +28,13 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .protoc_executable(protoc_bin_vendored::protoc_bin_path()?)
         .file_descriptor_set_path(&descriptor_path)
         .compile_well_known_types()
-        .extern_path(".google.protobuf", "::pbjson_types");
+        .extern_path(".google.protobuf", "::pbjson_types")
+        // A descriptor's entry is the library's one descriptor type (`rules::Entry`): RLQS
+        // buckets are keyed and sorted by their entries.
+        .type_attribute(
+            ".envoy.extensions.common.ratelimit.v3.RateLimitDescriptor.Entry",
+            "#[derive(PartialOrd, Ord)]",
+        );
 
     tonic_prost_build::configure()
         .build_client(true)

@@ -42,6 +42,7 @@ use crate::proto::floodgate::admin::v1::counter_admin_server::{CounterAdmin, Cou
 use crate::proto::floodgate::admin::v1::{
     CounterRequest as GrpcCounterRequest, CountersReply, LimitCounter, ResetReply,
 };
+use crate::rules::Entry;
 use crate::service::RateLimiter;
 use crate::service::counters::{CounterState, NoCounters};
 use crate::settings::Password;
@@ -130,9 +131,9 @@ impl CounterAdmin for GrpcAdmin {
     }
 }
 
-fn grpc_entries(request: &GrpcCounterRequest) -> Vec<(String, String)> {
+fn grpc_entries(request: &GrpcCounterRequest) -> Vec<Entry> {
     (request.descriptor.iter())
-        .map(|entry| (entry.key.clone(), entry.value.clone()))
+        .map(|entry| Entry::new(entry.key.clone(), entry.value.clone()))
         .collect()
 }
 
@@ -159,9 +160,9 @@ struct EntryBody {
 }
 
 impl CounterRequest {
-    fn entries(&self) -> Vec<(String, String)> {
+    fn entries(&self) -> Vec<Entry> {
         (self.descriptor.iter())
-            .map(|entry| (entry.key.clone(), entry.value.clone()))
+            .map(|entry| Entry::new(entry.key.clone(), entry.value.clone()))
             .collect()
     }
 }

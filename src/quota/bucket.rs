@@ -9,6 +9,7 @@ use std::time::Duration;
 use super::charge::{BucketQuota, DemandReport, DemandSeen};
 use crate::limiter::{Algorithm, Limit};
 use crate::proto::envoy::service::rate_limit_quota::v3::BucketId;
+use crate::rules::Entry;
 
 use super::assign::{self, Assignment};
 
@@ -23,7 +24,7 @@ pub(super) struct Bucket {
     pub(super) id: BucketId,
     /// Its entries in its rule's order (the descriptor it is charged on), or `None` once the
     /// rules changed: then it is matched again at its next report.
-    pub(super) descriptor: Option<Vec<(String, String)>>,
+    pub(super) descriptor: Option<Vec<Entry>>,
     /// When it was last reported (µs on the stream's clock), and the interval that report
     /// covered.
     pub(super) reported_at: u64,

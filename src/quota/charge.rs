@@ -10,8 +10,9 @@ use tokio::time::Instant;
 
 use crate::backend::{BackendError, CounterHit, OnReject};
 use crate::limiter::{Algorithm, CounterKey, Decision, Hits, Limit, Unit};
-use crate::proto::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry;
-use crate::rules::{Domain, Judged, Match, NamedLimit, OnBackendError, Policy, Rule, RuleSet};
+use crate::rules::{
+    Domain, Entry, Judged, Match, NamedLimit, OnBackendError, Policy, Rule, RuleSet,
+};
 use crate::service::RateLimiter;
 
 /// The periods a bucket's demand is summed over: Envoy reports every bucket once every 5 s,
@@ -57,7 +58,7 @@ pub enum BucketQuota {
 /// window is over), the requests it refused, and the demand to add.
 #[derive(Debug, Clone, Copy)]
 pub struct BucketUsage<'a> {
-    pub entries: &'a [(String, String)],
+    pub entries: &'a [Entry],
     pub allowed: u64,
     pub earlier: u64,
     pub refused: u64,
@@ -111,11 +112,7 @@ const REPORT_DEADLINE: Duration = Duration::from_secs(1);
 /// walking the rule tree
 /// ([`Domain::order_matching`]): a bucket no rule matches costs about what one that
 /// matches does.
-pub fn bucket_descriptor(
-    rules: &RuleSet,
-    domain: &str,
-    entries: &[(String, String)],
-) -> Option<Vec<(String, String)>> {
+pub fn bucket_descriptor(rules: &RuleSet, domain: &str, entries: &[Entry]) -> Option<Vec<Entry>> {
     let domain = rules.domain(domain)?;
     if matched_rule(domain, entries).is_some() {
         return Some(entries.to_vec());
@@ -244,25 +241,25 @@ impl RateLimiter {
         if usage.let_through() == 0 && usage.refused == 0 {
             return;
         }
-        let entries: Vec<Entry> = (usage.entries.iter())
-            .map(|(key, value)| Entry {
-                key: key.clone(),
-                value: value.clone(),
-            })
-            .collect();
         let metrics = self.metrics();
-        metrics.record_rule(domain, Some(rule), &entries, usage.allowed, judged);
+        metrics.record_rule(domain, Some(rule), usage.entries, usage.allowed, judged);
         if usage.earlier > 0 {
             metrics.record_rule(
                 domain,
                 Some(rule),
-                &entries,
+                usage.entries,
                 usage.earlier,
                 Judged::Unlimited,
             );
         }
         if usage.refused > 0 {
-            metrics.record_rule(domain, Some(rule), &entries, usage.refused, Judged::Refused);
+            metrics.record_rule(
+                domain,
+                Some(rule),
+                usage.entries,
+                usage.refused,
+                Judged::Refused,
+            );
         }
     }
 
@@ -443,6 +440,6 @@ fn demand_hits<'a>(domain: &str, found: &Match<'_>, demand: DemandReport) -> [Co
 
 /// The rule `entries`, in this order, lead to in `domain`, with the entries its counter is
 /// keyed by (a `share_threshold` wildcard's pattern in place of the value).
-fn matched_rule<'a>(domain: &'a Domain, entries: &'a [(String, String)]) -> Option<Match<'a>> {
-    domain.find(entries.iter().map(|(k, v)| (k.as_str(), v.as_str())))
+fn matched_rule<'a>(domain: &'a Domain, entries: &'a [Entry]) -> Option<Match<'a>> {
+    domain.find(entries)
 }

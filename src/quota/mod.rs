@@ -48,7 +48,7 @@ use crate::proto::envoy::service::rate_limit_quota::v3::{
 use crate::backend::BackendError;
 use crate::clock::{Clock, SystemClock};
 use crate::metrics::{Code, ReportRefusal, Strategy as Assigned};
-use crate::rules::{OnBackendError, RuleSet};
+use crate::rules::{Entry, OnBackendError, RuleSet};
 use crate::service::RateLimiter;
 use charge::{
     BucketQuota, BucketUsage, DEMAND_PERIOD, DemandReport, bucket_descriptor,
@@ -63,7 +63,7 @@ pub use crate::proto::envoy::service::rate_limit_quota::v3::rate_limit_quota_ser
 const REPORT_SPAN: &str = "floodgate.rlqs.report";
 
 /// A bucket as the server keys it: its entries, sorted.
-type BucketKey = Vec<(String, String)>;
+type BucketKey = Vec<Entry>;
 
 /// Buckets no rule matches that a stream remembers, so that their next reports skip the
 /// match; past this many, the others are matched again at each report.
@@ -83,7 +83,7 @@ fn remembered_bytes(key: &BucketKey) -> usize {
     const STRING: usize = std::mem::size_of::<String>();
     const STATE: usize = 512;
     let entries: usize = (key.iter())
-        .map(|(name, value)| name.len() + value.len() + 2 * STRING)
+        .map(|entry| entry.key.len() + entry.value.len() + 2 * STRING)
         .sum();
     3 * entries + STATE
 }
@@ -302,7 +302,7 @@ enum Verdict {
     /// Charged on `descriptor` (its entries in rule order), then assigned what is left.
     Charge {
         key: BucketKey,
-        descriptor: Vec<(String, String)>,
+        descriptor: Vec<Entry>,
     },
     /// Its rule went away since it last matched.
     Abandon(BucketKey),
@@ -494,7 +494,7 @@ impl QuotaStream {
         let now = self.clock.now_micros();
         let rules = self.limiter.rules();
         self.match_under(&rules);
-        let mut due: Vec<(BucketKey, Vec<(String, String)>)> = Vec::new();
+        let mut due: Vec<(BucketKey, Vec<Entry>)> = Vec::new();
         for (key, bucket) in &mut self.buckets {
             if bucket.push_at.is_some_and(|at| at <= now) {
                 bucket.push_at = None;
@@ -598,7 +598,7 @@ impl QuotaStream {
     fn usage<'d>(
         &self,
         key: &BucketKey,
-        descriptor: &'d [(String, String)],
+        descriptor: &'d [Entry],
         usage: &BucketQuotaUsage,
         now: u64,
     ) -> (Charge, BucketUsage<'d>) {
@@ -636,7 +636,7 @@ impl QuotaStream {
     fn assigned(
         &mut self,
         key: BucketKey,
-        descriptor: Vec<(String, String)>,
+        descriptor: Vec<Entry>,
         id: BucketId,
         quota: BucketQuota,
         charge: Charge,
@@ -846,7 +846,7 @@ mod tests {
             ServiceOptions::default(),
         );
         let (_running, stopped) = watch::channel(false);
-        let one = remembered_bytes(&vec![("user".to_owned(), "u000".to_owned())]);
+        let one = remembered_bytes(&vec![Entry::new("user", "u000")]);
         let service = QuotaService::new(Arc::new(limiter), stopped).remembering_at_most(10 * one);
         let (reports, mut answers) = service.connect();
         for round in 0..2 {

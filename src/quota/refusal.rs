@@ -5,6 +5,7 @@ use tonic::{Code as GrpcCode, Status};
 
 use crate::proto::envoy::service::rate_limit_quota::v3::BucketId;
 use crate::proto::envoy::service::rate_limit_quota::v3::rate_limit_quota_usage_reports::BucketQuotaUsage;
+use crate::rules::Entry;
 use crate::settings::RequestLimits;
 
 use super::BucketKey;
@@ -58,7 +59,7 @@ pub(super) fn listed(items: &[String], separator: &str) -> String {
 /// A bucket's entries as a refusal quotes them: `{name=value, …}`, long values cut.
 pub(super) fn describe(key: &BucketKey) -> String {
     let mut entries: Vec<String> = (key.iter().take(ENTRIES_QUOTED))
-        .map(|(name, value)| format!("{}={}", cut(name), cut(value)))
+        .map(|entry| format!("{}={}", cut(&entry.key), cut(&entry.value)))
         .collect();
     if key.len() > ENTRIES_QUOTED {
         entries.push(format!("{} more entries", key.len() - ENTRIES_QUOTED));
@@ -120,7 +121,7 @@ pub(super) fn bucket_key(
         }
     }
     let mut key: BucketKey = (bucket.iter())
-        .map(|(name, value)| (name.clone(), value.clone()))
+        .map(|(name, value)| Entry::new(name.clone(), value.clone()))
         .collect();
     key.sort();
     Ok(key)

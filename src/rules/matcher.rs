@@ -18,10 +18,10 @@ use std::borrow::Borrow;
 use std::hash::{Hash, Hasher};
 use std::sync::Arc;
 
-use super::{DescriptorNode, Descriptors, Domain, Rule};
+use super::{DescriptorNode, Descriptors, Domain, Entry, Rule};
 
 /// The rule a descriptor matched, and the (key, value) pairs its counter is keyed by: the
-/// request's values, or the wildcard pattern where the node has `share_threshold`.
+/// descriptor's values, or the wildcard pattern where the node has `share_threshold`.
 #[derive(Debug, Clone)]
 pub struct Match<'a> {
     pub rule: &'a Arc<Rule>,
@@ -34,19 +34,19 @@ impl Domain {
     /// the descriptor's depth; no backtracking. `None`: no limit applies.
     pub fn find<'a, I>(&'a self, entries: I) -> Option<Match<'a>>
     where
-        I: IntoIterator<Item = (&'a str, &'a str)>,
+        I: IntoIterator<Item = &'a Entry>,
     {
         let entries = entries.into_iter();
         let mut counted = Vec::with_capacity(entries.size_hint().0);
         let mut level = &self.descriptors;
         let mut reached: Option<&'a DescriptorNode> = None;
-        for (key, value) in entries {
+        for Entry { key, value } in entries {
             let node = level.lookup(key, value)?;
             let counted_value = match (&node.value, node.share_threshold) {
                 (Some(pattern), true) => pattern.as_str(),
-                _ => value,
+                _ => value.as_str(),
             };
-            counted.push((key, counted_value));
+            counted.push((key.as_str(), counted_value));
             level = &node.children;
             reached = Some(node);
         }
@@ -68,7 +68,7 @@ impl Domain {
     /// Orders are tried in their lexicographic order (the given one first), walking the
     /// tree: an entry no node of a level takes is not tried there again, so a bucket that
     /// matches nothing costs one lookup per entry at the first level, not one per order.
-    pub fn order_matching(&self, entries: &[(String, String)]) -> Option<Vec<usize>> {
+    pub fn order_matching(&self, entries: &[Entry]) -> Option<Vec<usize>> {
         let mut search = OrderSearch {
             entries,
             used: vec![false; entries.len()],
@@ -81,7 +81,7 @@ impl Domain {
 
 /// A depth-first search for an order of entries that leads to a rule.
 struct OrderSearch<'e> {
-    entries: &'e [(String, String)],
+    entries: &'e [Entry],
     used: Vec<bool>,
     order: Vec<usize>,
     lookups_left: usize,
@@ -99,7 +99,7 @@ impl OrderSearch<'_> {
                 return false;
             }
             self.lookups_left -= 1;
-            let (key, value) = &self.entries[index];
+            let Entry { key, value } = &self.entries[index];
             let Some(node) = level.lookup(key, value) else {
                 continue;
             };

@@ -29,6 +29,19 @@ pub use stats::{Judged, RuleStats, StatsSlot};
 pub use wildcard::Wildcard;
 
 use crate::limiter::Limit;
+/// One (key, value) entry of a descriptor, as Envoy's requests carry it: the one type a
+/// descriptor travels as in the library, from a request, an RLQS bucket or the admin API to
+/// the matcher, the counters' keys and the rule statistics.
+pub use crate::proto::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry;
+
+impl Entry {
+    pub fn new(key: impl Into<String>, value: impl Into<String>) -> Self {
+        Entry {
+            key: key.into(),
+            value: value.into(),
+        }
+    }
+}
 
 /// What a rule does when its backend fails (`on_backend_error`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -239,12 +252,12 @@ impl RuleSet {
     /// level read `example`); `None` when no rule is loaded.
     ///
     /// [`rules`]: RuleSet::rules
-    pub fn example(&self) -> Option<(&str, Vec<(String, String)>)> {
-        fn first(level: &Descriptors, path: &mut Vec<(String, String)>) -> bool {
+    pub fn example(&self) -> Option<(&str, Vec<Entry>)> {
+        fn first(level: &Descriptors, path: &mut Vec<Entry>) -> bool {
             for node in &level.nodes {
                 let value = (node.value.as_deref())
                     .map_or("example".into(), |value| value.replace('*', "example"));
-                path.push((node.key.clone(), value));
+                path.push(Entry::new(node.key.clone(), value));
                 if node.rule.is_some() || first(&node.children, path) {
                     return true;
                 }

@@ -8,7 +8,7 @@ use super::{RateLimiter, Resolution, resolve_all};
 use crate::backend::{BackendError, CounterHit, OnReject};
 use crate::limiter::{CounterKey, Decision, Hits, Limit};
 use crate::proto::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
-use crate::proto::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry;
+use crate::rules::Entry;
 
 /// One limit's counter for a descriptor.
 #[derive(Debug)]
@@ -40,7 +40,7 @@ impl RateLimiter {
     pub async fn counters(
         &self,
         domain: &str,
-        entries: &[(String, String)],
+        entries: &[Entry],
     ) -> Result<(String, Vec<CounterState>), NoCounters> {
         let resolved = self.resolve(domain, entries)?;
         let hits: Vec<CounterHit<'_>> = (resolved.counters.iter())
@@ -65,7 +65,7 @@ impl RateLimiter {
     pub async fn reset_counters(
         &self,
         domain: &str,
-        entries: &[(String, String)],
+        entries: &[Entry],
     ) -> Result<(String, Result<u64, BackendError>), NoCounters> {
         let resolved = self.resolve(domain, entries)?;
         let counters: Vec<(CounterKey, Limit)> = (resolved.counters.into_iter())
@@ -81,19 +81,14 @@ impl RateLimiter {
     }
 
     /// The rule `entries` resolve to in `domain`, and its counters' keys.
-    fn resolve(&self, domain: &str, entries: &[(String, String)]) -> Result<Resolved, NoCounters> {
+    fn resolve(&self, domain: &str, entries: &[Entry]) -> Result<Resolved, NoCounters> {
         let rules = self.rules.load();
         let no_rule = || NoCounters::NoRule {
             domain: domain.to_owned(),
         };
         let rules_domain = rules.domain(domain).ok_or_else(no_rule)?;
         let descriptor = RateLimitDescriptor {
-            entries: (entries.iter())
-                .map(|(key, value)| Entry {
-                    key: key.clone(),
-                    value: value.clone(),
-                })
-                .collect(),
+            entries: entries.to_vec(),
             ..Default::default()
         };
         let descriptors = [descriptor];

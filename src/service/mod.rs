@@ -416,18 +416,17 @@ fn resolve<'r>(
     domain: &'r Domain,
     descriptor: &'r RateLimitDescriptor,
 ) -> Result<Resolution<'r>, String> {
-    let request_entries = descriptor
-        .entries
-        .iter()
-        .map(|e| (e.key.as_str(), e.value.as_str()));
     if let Some(limit) = &descriptor.limit {
+        let entries = descriptor.entries.iter();
         return Ok(Resolution::Counted {
             rule: None,
             limits: vec![(None, Cow::Owned(request::override_limit(limit)?))],
-            entries: request_entries.collect(),
+            entries: entries
+                .map(|e| (e.key.as_str(), e.value.as_str()))
+                .collect(),
         });
     }
-    let Some(found) = domain.find(request_entries) else {
+    let Some(found) = domain.find(&descriptor.entries) else {
         return Ok(Resolution::Pass);
     };
     Ok(match &found.rule.policy {

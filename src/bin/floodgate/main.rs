@@ -543,13 +543,13 @@ fn announce(settings: &Settings, running: &RunningServer, rules: &RuleSet) {
     let suggestion = match rules.example() {
         Some((domain, entries)) => {
             let pairs: Vec<String> = (entries.iter())
-                .map(|(key, value)| format!("{key}={value}"))
+                .map(|entry| format!("{}={}", entry.key, entry.value))
                 .collect();
             let body = serde_json::json!({
                 "domain": domain,
                 "descriptors": [{
                     "entries": (entries.iter())
-                        .map(|(key, value)| serde_json::json!({"key": key, "value": value}))
+                        .map(|entry| serde_json::json!({"key": entry.key, "value": entry.value}))
                         .collect::<Vec<_>>(),
                 }],
             });

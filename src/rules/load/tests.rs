@@ -1,7 +1,7 @@
 use super::*;
 use crate::limiter::{Algorithm, Limit, Unit};
 use crate::rules::testing::{dedent, load, load_ok};
-use crate::rules::{NamedLimit, OnBackendError, Policy, Rule};
+use crate::rules::{Entry, NamedLimit, OnBackendError, Policy, Rule};
 
 fn errors(text: &str) -> Vec<LoadError> {
     match load(text) {
@@ -372,10 +372,11 @@ fn merged_files_of_one_domain_add_their_descriptors_and_each_decides() {
     .unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(rules.domains.len(), 1);
     let api = &rules.domains["api"];
-    let user = api.find([("user", "alice")]).expect("a.yaml's rule");
+    let (alice, v1) = ([Entry::new("user", "alice")], [Entry::new("path", "/v1")]);
+    let user = api.find(&alice).expect("a.yaml's rule");
     assert_eq!(user.rule.id, "api.user");
     assert_eq!(user.rule.source.file, "a.yaml");
-    let path = api.find([("path", "/v1")]).expect("b.yaml's rule");
+    let path = api.find(&v1).expect("b.yaml's rule");
     assert_eq!(path.rule.id, "api.path_/v1");
     assert_eq!(path.rule.source.file, "b.yaml");
 }

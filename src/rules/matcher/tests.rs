@@ -16,10 +16,10 @@ fn find<'a>(
     domain: &str,
     entries: &[(&'static str, &'static str)],
 ) -> Option<Match<'a>> {
-    rules
-        .domain(domain)
-        .expect("domain loaded")
-        .find(entries.iter().copied())
+    // A match borrows its descriptor's strings: the test's descriptor lives as long as the test
+    // process.
+    let entries: &'static [Entry] = Vec::leak(owned(entries));
+    rules.domain(domain).expect("domain loaded").find(entries)
 }
 
 fn requests_per_unit(m: &Match<'_>) -> u32 {
@@ -631,9 +631,9 @@ const PATH_OF_THREE: &str = "
                 rate_limit: {unit: second, requests_per_unit: 1}
 ";
 
-fn owned(entries: &[(&str, &str)]) -> Vec<(String, String)> {
+fn owned(entries: &[(&str, &str)]) -> Vec<Entry> {
     (entries.iter())
-        .map(|(key, value)| (key.to_string(), value.to_string()))
+        .map(|&(key, value)| Entry::new(key, value))
         .collect()
 }
 
@@ -665,8 +665,8 @@ fn an_unmatched_bucket_is_dropped_at_the_first_level_without_trying_orders() {
     // Eight entries no level knows: eight lookups, where trying every order would be 8!.
     let rules = load_ok(PATH_OF_THREE);
     let domain = rules.domain("d").expect("domain loaded");
-    let entries: Vec<(String, String)> = (0..8)
-        .map(|i| (format!("key{i}"), format!("value{i}")))
+    let entries: Vec<Entry> = (0..8)
+        .map(|i| Entry::new(format!("key{i}"), format!("value{i}")))
         .collect();
     let mut search = OrderSearch {
         entries: &entries,
