@@ -21,6 +21,7 @@ pub const LONG_VERSION: &str = concat!(
 
 pub mod backend;
 pub mod clock;
+pub mod counters;
 pub mod edge;
 pub mod files;
 pub mod grpc_body;

@@ -36,6 +36,7 @@ use serde_json::json;
 
 use tonic::server::NamedService;
 
+use crate::counters::{self, CounterState, NoCounters};
 use crate::edge::json_body::{BadBody, JsonBody};
 use crate::limiter::SECOND_MICROS;
 use crate::proto::floodgate::admin::v1::counter_admin_server::{CounterAdmin, CounterAdminServer};
@@ -44,7 +45,6 @@ use crate::proto::floodgate::admin::v1::{
 };
 use crate::rules::Entry;
 use crate::service::RateLimiter;
-use crate::service::counters::{CounterState, NoCounters};
 use crate::settings::Password;
 
 /// What the admin handlers share.
@@ -104,8 +104,7 @@ impl CounterAdmin for GrpcAdmin {
         request: tonic::Request<GrpcCounterRequest>,
     ) -> Result<tonic::Response<CountersReply>, tonic::Status> {
         let request = request.into_inner();
-        let (rule, states) = (self.0)
-            .counters(&request.domain, &grpc_entries(&request))
+        let (rule, states) = counters::read(&self.0, &request.domain, &grpc_entries(&request))
             .await
             .map_err(no_counters_status)?;
         if let Some(Err(error)) = states.iter().map(|c| &c.state).find(|s| s.is_err()) {
@@ -121,8 +120,7 @@ impl CounterAdmin for GrpcAdmin {
     ) -> Result<tonic::Response<ResetReply>, tonic::Status> {
         let request = request.into_inner();
         let entries = grpc_entries(&request);
-        let (rule, existed) = (self.0)
-            .reset_counters(&request.domain, &entries)
+        let (rule, existed) = counters::reset(&self.0, &request.domain, &entries)
             .await
             .map_err(no_counters_status)?;
         let reset = existed.map_err(|error| tonic::Status::unavailable(error.to_string()))?;
@@ -234,11 +232,7 @@ async fn counters(State(state): State<AdminState>, body: Body) -> Response {
         Ok(JsonBody(request)) => request,
         Err(bad) => return bad_body(bad),
     };
-    match state
-        .limiter
-        .counters(&request.domain, &request.entries())
-        .await
-    {
+    match counters::read(&state.limiter, &request.domain, &request.entries()).await {
         Ok((rule, states)) => {
             let mut unavailable = false;
             let limits: Vec<serde_json::Value> = (states.iter())
@@ -282,11 +276,7 @@ async fn reset(State(state): State<AdminState>, body: Body) -> Response {
         Err(bad) => return bad_body(bad),
     };
     let entries = request.entries();
-    match state
-        .limiter
-        .reset_counters(&request.domain, &entries)
-        .await
-    {
+    match counters::reset(&state.limiter, &request.domain, &entries).await {
         Ok((rule, Ok(existed))) => {
             tracing::info!(domain = %request.domain, rule, ?entries, "counters reset");
             Json(json!({ "rule": rule, "reset": existed })).into_response()

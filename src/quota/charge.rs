@@ -8,7 +8,7 @@ use std::time::Duration;
 use futures_util::StreamExt;
 use tokio::time::Instant;
 
-use crate::backend::{BackendError, CounterHit, OnReject};
+use crate::backend::{BackendError, CounterHit};
 use crate::limiter::{Algorithm, CounterKey, Decision, Hits, Limit, Unit};
 use crate::rules::{
     Domain, Entry, Judged, Match, NamedLimit, OnBackendError, Policy, Rule, RuleSet,
@@ -133,160 +133,161 @@ pub fn bucket_descriptor(rules: &RuleSet, domain: &str, entries: &[Entry]) -> Op
     )
 }
 
-impl RateLimiter {
-    /// Charges each bucket's `allowed` requests (already let through by a data plane) to
-    /// the counters of the rule its entries match in `domain` of `rules`, counted in full
-    /// even past the limit, and adds its `requests` to the bucket's demand; answers what is
-    /// left of each, in the order of `usages`. `BUCKETS_PER_CALL` buckets go in one
-    /// backend call, `CALLS_AT_ONCE` calls at a time.
-    pub async fn charge_buckets(
-        &self,
-        rules: &RuleSet,
-        domain: &str,
-        usages: &[BucketUsage<'_>],
-    ) -> Vec<BucketQuota> {
-        let Some(domain_rules) = rules.domain(domain) else {
-            return vec![BucketQuota::NoRule; usages.len()];
-        };
-        let deadline = Instant::now() + REPORT_DEADLINE;
-        // Made here, not in the stream: a stream mapping a closure over borrowed chunks
-        // trips the compiler's proof that the task is `Send`.
-        let calls: Vec<_> = usages
-            .chunks(BUCKETS_PER_CALL)
-            .map(|chunk| self.charge_together(domain_rules, domain, chunk, deadline))
-            .collect();
-        let charged: Vec<Vec<BucketQuota>> = futures_util::stream::iter(calls)
-            .buffered(CALLS_AT_ONCE)
-            .collect()
-            .await;
-        charged.into_iter().flatten().collect()
-    }
+/// Charges each bucket's `allowed` requests (already let through by a data plane) to the
+/// counters of the rule its entries match in `domain` of `rules`, counted in full even past
+/// the limit, and adds its `requests` to the bucket's demand; answers what is left of each,
+/// in the order of `usages`. `BUCKETS_PER_CALL` buckets go in one backend call,
+/// `CALLS_AT_ONCE` calls at a time.
+pub async fn charge_buckets(
+    limiter: &RateLimiter,
+    rules: &RuleSet,
+    domain: &str,
+    usages: &[BucketUsage<'_>],
+) -> Vec<BucketQuota> {
+    let Some(domain_rules) = rules.domain(domain) else {
+        return vec![BucketQuota::NoRule; usages.len()];
+    };
+    let deadline = Instant::now() + REPORT_DEADLINE;
+    // Made here, not in the stream: a stream mapping a closure over borrowed chunks
+    // trips the compiler's proof that the task is `Send`.
+    let calls: Vec<_> = usages
+        .chunks(BUCKETS_PER_CALL)
+        .map(|chunk| charge_together(limiter, domain_rules, domain, chunk, deadline))
+        .collect();
+    let charged: Vec<Vec<BucketQuota>> = futures_util::stream::iter(calls)
+        .buffered(CALLS_AT_ONCE)
+        .collect()
+        .await;
+    charged.into_iter().flatten().collect()
+}
 
-    /// [`RateLimiter::charge_buckets`] for buckets charged in one backend call, answered by
-    /// `deadline`.
-    async fn charge_together(
-        &self,
-        rules: &Domain,
-        domain: &str,
-        usages: &[BucketUsage<'_>],
-        deadline: Instant,
-    ) -> Vec<BucketQuota> {
-        // A large report is many calls; on the memory backend none of them waits, so each
-        // lets the worker answer other requests first (a report of 1,000 buckets otherwise
-        // held a worker for tens of milliseconds).
-        tokio::task::yield_now().await;
-        // Each bucket's hits: a look at each limit of its rule and its charge, then its demand.
-        let mut hits: Vec<CounterHit<'static>> = Vec::new();
-        let mut buckets = Vec::with_capacity(usages.len());
-        for usage in usages {
-            let first = hits.len();
-            let charged = match matched_rule(rules, usage.entries) {
-                None => Charged::Settled(BucketQuota::NoRule),
-                Some(found) => match &found.rule.policy {
-                    Policy::Limited(limits) => {
-                        hits.extend(charge_hits(domain, &found, limits, usage.allowed));
-                        hits.extend(
-                            usage
-                                .demand
-                                .into_iter()
-                                .flat_map(|demand| demand_hits(domain, &found, demand)),
-                        );
-                        Charged::Counted {
-                            rule: found.rule,
-                            limits: limits.len(),
-                            policy: (found.rule.on_backend_error)
-                                .unwrap_or(self.options().on_backend_error),
-                            shadow: found.rule.shadow_mode || self.options().shadow_mode,
-                        }
+/// [`charge_buckets`] for buckets charged in one backend call, answered by `deadline`.
+async fn charge_together(
+    limiter: &RateLimiter,
+    rules: &Domain,
+    domain: &str,
+    usages: &[BucketUsage<'_>],
+    deadline: Instant,
+) -> Vec<BucketQuota> {
+    // A large report is many calls; on the memory backend none of them waits, so each
+    // lets the worker answer other requests first (a report of 1,000 buckets otherwise
+    // held a worker for tens of milliseconds).
+    tokio::task::yield_now().await;
+    // Each bucket's hits: a look at each limit of its rule and its charge, then its demand.
+    let mut hits: Vec<CounterHit<'static>> = Vec::new();
+    let mut buckets = Vec::with_capacity(usages.len());
+    for usage in usages {
+        let first = hits.len();
+        let charged = match matched_rule(rules, usage.entries) {
+            None => Charged::Settled(BucketQuota::NoRule),
+            Some(found) => match &found.rule.policy {
+                Policy::Limited(limits) => {
+                    hits.extend(charge_hits(domain, &found, limits, usage.allowed));
+                    hits.extend(
+                        usage
+                            .demand
+                            .into_iter()
+                            .flat_map(|demand| demand_hits(domain, &found, demand)),
+                    );
+                    Charged::Counted {
+                        rule: found.rule,
+                        limits: limits.len(),
+                        policy: (found.rule.on_backend_error)
+                            .unwrap_or(limiter.options().on_backend_error),
+                        shadow: found.rule.shadow_mode || limiter.options().shadow_mode,
                     }
-                    _ => {
-                        self.record_usage(domain, found.rule, usage, Judged::Unlimited);
-                        Charged::Settled(BucketQuota::Unlimited)
-                    }
-                },
-            };
-            buckets.push((charged, first..hits.len()));
-        }
-        let results = if hits.is_empty() {
-            Vec::new()
-        } else {
-            let backend = self.backend();
-            let answers = backend.hit_all(&hits, OnReject::Consume, Some(deadline));
-            answers.await.results
-        };
-        (buckets.into_iter().zip(usages))
-            .map(|((charged, span), usage)| match charged {
-                Charged::Settled(quota) => quota,
-                Charged::Counted {
-                    rule,
-                    limits,
-                    policy,
-                    shadow,
-                } => {
-                    let (hits, results) = (&hits[span.clone()], &results[span]);
-                    let judged = judged(hits, &results[..2 * limits], rule.shadow_mode);
-                    self.record_usage(domain, rule, usage, judged);
-                    let quota = self.quota_left(hits, results, limits, policy);
-                    if shadow { BucketQuota::Shadowed } else { quota }
                 }
-            })
-            .collect()
-    }
-
-    /// Counts a bucket's reported usage in its rule's statistics, as ShouldRateLimit counts
-    /// its requests: the requests let through in this window as the rule's counter `judged`
-    /// them, those let through in an earlier window within it (that window's assignment
-    /// made room for them), those the data plane refused over the limit.
-    fn record_usage(&self, domain: &str, rule: &Rule, usage: &BucketUsage<'_>, judged: Judged) {
-        if usage.let_through() == 0 && usage.refused == 0 {
-            return;
-        }
-        let metrics = self.metrics();
-        metrics.record_rule(domain, Some(rule), usage.entries, usage.allowed, judged);
-        if usage.earlier > 0 {
-            metrics.record_rule(
-                domain,
-                Some(rule),
-                usage.entries,
-                usage.earlier,
-                Judged::Unlimited,
-            );
-        }
-        if usage.refused > 0 {
-            metrics.record_rule(
-                domain,
-                Some(rule),
-                usage.entries,
-                usage.refused,
-                Judged::Refused,
-            );
-        }
-    }
-
-    /// What is left of one bucket's limit from the answers to its `hits` (`limits` pairs of
-    /// a look and a charge, then its demand's), the hits the backend failed decided by the
-    /// rule's `policy` when it is `local`.
-    fn quota_left(
-        &self,
-        hits: &[CounterHit<'_>],
-        results: &[Result<Decision, BackendError>],
-        limits: usize,
-        policy: OnBackendError,
-    ) -> BucketQuota {
-        let left = match policy {
-            OnBackendError::Local => {
-                let decided: Vec<Result<Decision, BackendError>> = (hits.iter().zip(results))
-                    .map(|(hit, result)| match result {
-                        Err(error) => self.fallback(hit, policy, error.clone()),
-                        Ok(decision) => Ok(*decision),
-                    })
-                    .collect();
-                what_is_left(hits, &decided, limits)
-            }
-            _ => what_is_left(hits, results, limits),
+                _ => {
+                    record_usage(limiter, domain, found.rule, usage, Judged::Unlimited);
+                    Charged::Settled(BucketQuota::Unlimited)
+                }
+            },
         };
-        left.unwrap_or_else(|error| BucketQuota::Failed { error, policy })
+        buckets.push((charged, first..hits.len()));
     }
+    let results = if hits.is_empty() {
+        Vec::new()
+    } else {
+        limiter.count(&hits, Some(deadline)).await
+    };
+    (buckets.into_iter().zip(usages))
+        .map(|((charged, span), usage)| match charged {
+            Charged::Settled(quota) => quota,
+            Charged::Counted {
+                rule,
+                limits,
+                policy,
+                shadow,
+            } => {
+                let (hits, results) = (&hits[span.clone()], &results[span]);
+                let judged = judged(hits, &results[..2 * limits], rule.shadow_mode);
+                record_usage(limiter, domain, rule, usage, judged);
+                let quota = quota_left(limiter, hits, results, limits, policy);
+                if shadow { BucketQuota::Shadowed } else { quota }
+            }
+        })
+        .collect()
+}
+
+/// Counts a bucket's reported usage in its rule's statistics, as ShouldRateLimit counts
+/// its requests: the requests let through in this window as the rule's counter `judged`
+/// them, those let through in an earlier window within it (that window's assignment
+/// made room for them), those the data plane refused over the limit.
+fn record_usage(
+    limiter: &RateLimiter,
+    domain: &str,
+    rule: &Rule,
+    usage: &BucketUsage<'_>,
+    judged: Judged,
+) {
+    if usage.let_through() == 0 && usage.refused == 0 {
+        return;
+    }
+    let metrics = limiter.metrics();
+    metrics.record_rule(domain, Some(rule), usage.entries, usage.allowed, judged);
+    if usage.earlier > 0 {
+        metrics.record_rule(
+            domain,
+            Some(rule),
+            usage.entries,
+            usage.earlier,
+            Judged::Unlimited,
+        );
+    }
+    if usage.refused > 0 {
+        metrics.record_rule(
+            domain,
+            Some(rule),
+            usage.entries,
+            usage.refused,
+            Judged::Refused,
+        );
+    }
+}
+
+/// What is left of one bucket's limit from the answers to its `hits` (`limits` pairs of
+/// a look and a charge, then its demand's), the hits the backend failed decided by the
+/// rule's `policy` when it is `local`.
+fn quota_left(
+    limiter: &RateLimiter,
+    hits: &[CounterHit<'_>],
+    results: &[Result<Decision, BackendError>],
+    limits: usize,
+    policy: OnBackendError,
+) -> BucketQuota {
+    let left = match policy {
+        OnBackendError::Local => {
+            let decided: Vec<Result<Decision, BackendError>> = (hits.iter().zip(results))
+                .map(|(hit, result)| match result {
+                    Err(error) => limiter.on_failure(hit, policy, error.clone()),
+                    Ok(decision) => Ok(*decision),
+                })
+                .collect();
+            what_is_left(hits, &decided, limits)
+        }
+        _ => what_is_left(hits, results, limits),
+    };
+    left.unwrap_or_else(|error| BucketQuota::Failed { error, policy })
 }
 
 /// A bucket of a backend call: settled without the backend, or counted there for `rule`

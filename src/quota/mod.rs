@@ -51,7 +51,7 @@ use crate::metrics::{Code, ReportRefusal, Strategy as Assigned};
 use crate::rules::{Entry, OnBackendError, RuleSet};
 use crate::service::RateLimiter;
 use charge::{
-    BucketQuota, BucketUsage, DEMAND_PERIOD, DemandReport, bucket_descriptor,
+    BucketQuota, BucketUsage, DEMAND_PERIOD, DemandReport, bucket_descriptor, charge_buckets,
 };
 use assign::{Assignment, REPORT_INTERVAL};
 use bucket::{Bucket, micros, share};
@@ -433,7 +433,7 @@ impl QuotaStream {
                 _ => None,
             })
             .collect();
-        let charged = self.limiter.charge_buckets(&rules, &domain, &charges).await;
+        let charged = charge_buckets(&self.limiter, &rules, &domain, &charges).await;
         drop(charges);
         let mut charged = charged.into_iter().zip(plans);
         let mut reply = Reply::default();
@@ -515,7 +515,7 @@ impl QuotaStream {
                 demand: None,
             })
             .collect();
-        let quotas = self.limiter.charge_buckets(&rules, &domain, &charges).await;
+        let quotas = charge_buckets(&self.limiter, &rules, &domain, &charges).await;
         drop(charges);
         let mut actions = Vec::new();
         for ((key, _), quota) in due.into_iter().zip(quotas) {

@@ -4,8 +4,12 @@
 //! The steps, in order: check the request → find each descriptor's rule (or its override) →
 //! drop the descriptors another matched rule `replaces` → count every limit on the backend in
 //! one call → combine the decisions into statuses, the overall code, headers and metadata.
+//!
+//! Two narrow entry points serve the rest of the house: [`RateLimiter::descriptor_counters`]
+//! (the counters a descriptor's rule keeps, for the admin API's `crate::counters`) and
+//! [`RateLimiter::count`] with [`RateLimiter::on_failure`] (hits counted, and a failed one
+//! answered by its failure policy, for RLQS' `crate::quota` and the admin API).
 
-pub mod counters;
 mod headers;
 mod metadata;
 mod outcome;
@@ -27,7 +31,7 @@ use crate::limiter::{CounterKey, Decision, Limit, SECOND_MICROS};
 use crate::metrics::Metrics;
 use crate::proto::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
 use crate::proto::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
-use crate::rules::{Domain, OnBackendError, Policy, Rule, RuleSet};
+use crate::rules::{Domain, Entry, OnBackendError, Policy, Rule, RuleSet};
 use crate::settings::{HeaderStyle, RequestLimits, Settings};
 use crate::telemetry::{DecisionSpan, Telemetry};
 
@@ -105,6 +109,23 @@ pub struct BackendFailure {
     /// No hit of the request was counted anywhere (each failed before or without counting,
     /// none fell back on `local`), so the caller may send it again without counting twice.
     pub nothing_counted: bool,
+}
+
+/// The counters a descriptor's rule keeps: the rule's id, and each limit's name, counter key
+/// and limit.
+#[derive(Debug)]
+pub struct DescriptorCounters {
+    pub rule: String,
+    pub counters: Vec<(Option<String>, CounterKey, Limit)>,
+}
+
+/// Why a descriptor has no counters.
+#[derive(Debug, PartialEq, Eq, thiserror::Error)]
+pub enum NoCounters {
+    #[error("no rule of domain {domain:?} counts this descriptor")]
+    NoRule { domain: String },
+    #[error("the descriptor is invalid: {0}")]
+    Invalid(String),
 }
 
 /// The rate-limit decision service: the rules in force, the counters, the response options.
@@ -270,6 +291,59 @@ impl RateLimiter {
 }
 
 impl RateLimiter {
+    /// The counters the rule of the descriptor `entries` keeps in `domain`, resolved exactly
+    /// as a request's descriptor is (`replaces` and all).
+    pub fn descriptor_counters(
+        &self,
+        domain: &str,
+        entries: &[Entry],
+    ) -> Result<DescriptorCounters, NoCounters> {
+        let rules = self.rules.load();
+        let no_rule = || NoCounters::NoRule {
+            domain: domain.to_owned(),
+        };
+        let rules_domain = rules.domain(domain).ok_or_else(no_rule)?;
+        let descriptors = [RateLimitDescriptor {
+            entries: entries.to_vec(),
+            ..Default::default()
+        }];
+        let resolutions = resolve_all(rules_domain, &descriptors)
+            .map_err(|invalid| NoCounters::Invalid(invalid.to_string()))?;
+        let Some(Resolution::Counted {
+            rule: Some(rule),
+            limits,
+            entries,
+        }) = resolutions.into_iter().next()
+        else {
+            return Err(no_rule());
+        };
+        let limited = limits.iter().map(|(_, limit)| limit.as_ref());
+        let keys: Vec<CounterKey> =
+            CounterKey::of_rule(domain, &rule.id, limited, &entries).collect();
+        let counters = (limits.into_iter().zip(keys))
+            .map(|((name, limit), key)| (name.map(str::to_owned), key, limit.into_owned()))
+            .collect();
+        Ok(DescriptorCounters {
+            rule: rule.id.clone(),
+            counters,
+        })
+    }
+
+    /// Counts `hits` on the backend, each on its own, by `deadline`: each hit's decision, or
+    /// why the backend has none; [`RateLimiter::on_failure`] answers a failed one by its
+    /// policy.
+    pub async fn count(
+        &self,
+        hits: &[CounterHit<'_>],
+        deadline: Option<Instant>,
+    ) -> Vec<Result<Decision, BackendError>> {
+        let answers = self
+            .backend
+            .hit_all(hits, OnReject::Consume, deadline)
+            .await;
+        answers.results
+    }
+
     /// The counter hits of a request's resolved descriptors, in order, and the failure
     /// policy of each (its rule's `on_backend_error`, or the default).
     fn counter_hits<'r>(
@@ -333,7 +407,7 @@ impl RateLimiter {
                     AnsweredBy::Store if !counted => AnsweredBy::NotConsulted,
                     origin => origin,
                 });
-                result.or_else(|error| self.fallback(hit, policy, error))
+                result.or_else(|error| self.on_failure(hit, policy, error))
             })
             .collect::<Result<Vec<_>, _>>()
             .map_err(|error| BackendFailure {
@@ -352,8 +426,9 @@ impl RateLimiter {
         !self.options.shadow_mode && !quota && !shadow
     }
 
-    /// The decision for a hit the backend failed, by the rule's `on_backend_error`.
-    pub(crate) fn fallback(
+    /// The decision for a hit the backend failed, by its rule's `on_backend_error`: under
+    /// `local`, the hit counted in process.
+    pub fn on_failure(
         &self,
         hit: &CounterHit<'_>,
         policy: OnBackendError,
