@@ -687,8 +687,9 @@ async fn call<L: Link>(state: Arc<LaneState<L>>, mut requests: Vec<Request>) {
     }
 }
 
-/// Sends the call on connection number `connection` (again, with the requests that still have time, while Redis runs it too
-/// late), and reads what it says of the wait into the lane's capacity.
+/// Sends the call on connection number `connection` (again, with the requests that still
+/// have time, while Redis runs it too late), and reads what it says of the wait into the
+/// lane's capacity.
 async fn send<L: Link>(
     state: &LaneState<L>,
     connection: u64,
@@ -757,10 +758,9 @@ enum Failure {
 /// process' recent lag in reading replies) and the command timeout from now, or not at all;
 /// its verdict is waited for until the connection would count as dead ([`SILENCE`]), and
 /// for a command timeout past the call's bound at least, however soon its requests stop
-/// waiting. A call
-/// Redis ran too late is sent again with the requests that still have time; the others are
-/// answered (nothing was counted) and leave `requests`. The results are those of the
-/// requests that stay, in order.
+/// waiting. A call Redis ran too late is sent again with the requests that still have time;
+/// the others are answered (nothing was counted) and leave `requests`. The results are those
+/// of the requests that stay, in order.
 async fn exchange_in_time<L: Link>(
     state: &LaneState<L>,
     requests: &mut Vec<Request>,
