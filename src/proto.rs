@@ -68,7 +68,7 @@ pub mod google {
     }
 }
 
-/// floodgate's admin API over gRPC (`src/admin.rs`).
+/// floodgate's admin API over gRPC (`src/edge/admin.rs`).
 pub mod floodgate {
     pub mod admin {
         pub mod v1 {

@@ -1,4 +1,4 @@
-//! `floodgate counters get|reset`: the admin API (`src/admin.rs`) from the command line.
+//! `floodgate counters get|reset`: the admin API (`src/edge/admin.rs`) from the command line.
 
 use std::path::PathBuf;
 use std::sync::Arc;
