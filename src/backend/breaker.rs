@@ -63,7 +63,28 @@ pub enum BreakerState {
     Open,
 }
 
+/// A breaker's settings (`redis_breaker_*`): what [`Breaker::new`] takes, kept to make one
+/// breaker per unit that fails on its own (a cluster's primaries).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BreakerSettings {
+    pub failures: u32,
+    pub window: Duration,
+    pub cooldown: Duration,
+}
+
+impl BreakerSettings {
+    /// A closed breaker with these settings; `of` names what it guards in its log lines.
+    pub fn build(&self, clock: Arc<dyn Clock>, of: Option<String>) -> Breaker {
+        let mut breaker = Breaker::new(self.failures, self.window, self.cooldown, clock);
+        breaker.of = of;
+        breaker
+    }
+}
+
 pub struct Breaker {
+    /// What it guards, when not the whole backend (a cluster primary's address): in its log
+    /// lines.
+    of: Option<String>,
     threshold: usize,
     window_micros: u64,
     cooldown_micros: u64,
@@ -105,6 +126,7 @@ impl Breaker {
         let micros = |d: Duration| u64::try_from(d.as_micros()).unwrap_or(u64::MAX);
         let threshold = usize::try_from(threshold.max(1)).unwrap_or(usize::MAX);
         Breaker {
+            of: None,
             threshold,
             window_micros: micros(window).max(1),
             cooldown_micros: micros(cooldown),
@@ -176,7 +198,8 @@ impl Breaker {
                 self.answers.fetch_add(1, Ordering::AcqRel);
                 self.silent_since.store(0, Ordering::Release);
                 if self.open_until.swap(0, Ordering::AcqRel) != 0 {
-                    tracing::info!("backend answers again; circuit closed");
+                    let of = self.of.as_deref().unwrap_or("the backend");
+                    tracing::info!(of, "backend answers again; circuit closed");
                 }
                 self.probing.store(false, Ordering::Release);
             }
@@ -266,15 +289,17 @@ impl Breaker {
             return;
         }
         let unlogged = self.unlogged.swap(0, Ordering::AcqRel);
+        let of = self.of.as_deref().unwrap_or("the backend");
         if opened {
             tracing::warn!(
                 reason = why,
                 %error,
                 unlogged,
+                of,
                 "circuit open: answering by each rule's on_backend_error"
             );
         } else {
-            tracing::warn!(%error, unlogged, "backend still failing: circuit stays open");
+            tracing::warn!(%error, unlogged, of, "backend still failing: circuit stays open");
         }
         *logged = Some((now, error));
     }

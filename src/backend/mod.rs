@@ -119,6 +119,10 @@ pub enum BackendError {
         round_trip: std::time::Duration,
         timeout: std::time::Duration,
     },
+    /// Refused without a call: the circuit breaker of the store (or of the cluster primary
+    /// that serves the hit's slot) is open, because it keeps failing.
+    #[error("backend unavailable: circuit open: {0}")]
+    CircuitOpen(String),
     /// Shed before any wait: the backend already had as much work in flight as it answers
     /// in time. The backend is alive; the request gets its rules' failure policy at once.
     #[error("backend overloaded: request shed before calling it ({0})")]
@@ -217,6 +221,23 @@ impl Store {
         }
     }
 
+    /// Whether the store answers as far as it judges itself: a Redis Cluster, with a breaker
+    /// per primary, while any primary's is closed (or, before it was ever reached, while it
+    /// answered at start-up). The other stores are judged by their breaker.
+    fn healthy(&self) -> bool {
+        match self {
+            Store::RedisCluster(cluster) => cluster.healthy(),
+            _ => true,
+        }
+    }
+
+    /// Probes what the store's own breakers keep closed off, where due (a cluster's primaries).
+    async fn probe_own_breakers(&self) {
+        if let Store::RedisCluster(cluster) = self {
+            cluster.probe_if_due().await;
+        }
+    }
+
     /// A cheap call that succeeds only when the store answers (and leaves the scripts
     /// loaded, so the first requests after a recovery need no NOSCRIPT round).
     async fn probe(&self) -> Result<(), BackendError> {
@@ -295,6 +316,7 @@ impl BackendError {
                 | BackendError::Unsent { .. }
                 | BackendError::TooFar { .. }
                 | BackendError::Late
+                | BackendError::CircuitOpen(_)
                 | BackendError::Overloaded(_)
                 | BackendError::Config(_)
         )
@@ -326,11 +348,12 @@ impl Backend {
         }
     }
 
-    /// A remote store behind `breaker` and `over_limit`.
-    pub fn remote(store: Store, breaker: Breaker, over_limit: OverLimitCache) -> Self {
+    /// A remote store behind `breaker` (`None` for a store with breakers of its own: a Redis
+    /// Cluster's, one per primary) and `over_limit`.
+    pub fn remote(store: Store, breaker: Option<Breaker>, over_limit: OverLimitCache) -> Self {
         let primary = Guarded {
             store,
-            breaker: Some(Arc::new(breaker)),
+            breaker: breaker.map(Arc::new),
             over_limit: Some(Arc::new(over_limit)),
             stats: Arc::default(),
         };
@@ -491,12 +514,18 @@ impl Backend {
         if let Some(breaker) = &self.primary.breaker {
             breaker.open_at_start(error);
         }
+        if let Store::RedisCluster(cluster) = &self.primary.store {
+            cluster.open_at_start(error);
+        }
     }
 
-    /// Whether the backend answers: false while a breaker is open.
+    /// Whether the backend answers: false while a breaker is open (on a Redis Cluster, while
+    /// every primary's is).
     pub fn healthy(&self) -> bool {
         self.stores().all(|store| {
-            (store.breaker.as_ref()).is_none_or(|breaker| breaker.state() == BreakerState::Closed)
+            let closed = (store.breaker.as_ref())
+                .is_none_or(|breaker| breaker.state() == BreakerState::Closed);
+            closed && store.store.healthy()
         })
     }
 
@@ -593,52 +622,50 @@ impl Guarded {
         settle_give_backs(results, taken, returned);
     }
 
-    /// The store's answers, through the breaker when there is one.
+    /// The store's answers, through the breaker when there is one (a Redis Cluster has one
+    /// per primary, inside the store), the call recorded in the stats.
     async fn call(
         &self,
         hits: &[CounterHit<'_>],
         on_reject: OnReject,
         deadline: Option<Instant>,
     ) -> Vec<Result<Decision, BackendError>> {
-        let Some(breaker) = &self.breaker else {
-            return self.store.hit_all(hits, on_reject, deadline).await;
-        };
         if hits.is_empty() {
             return Vec::new();
         }
-        let admission = breaker.admit();
-        if admission == Admission::Reject {
+        if matches!(self.store, Store::Memory(_)) {
+            return self.store.hit_all(hits, on_reject, deadline).await;
+        }
+        let admission = self.breaker.as_ref().map(|breaker| breaker.admit());
+        if admission == Some(Admission::Reject) {
             self.stats.record_circuit_open();
-            let open =
-                BackendError::NothingCounted("circuit open: the backend keeps failing".into());
+            let open = BackendError::CircuitOpen("the backend keeps failing".into());
             return vec![Err(open); hits.len()];
         }
         let started = Instant::now();
-        let since = breaker.now();
+        let since = self.breaker.as_ref().map(|breaker| breaker.now());
         let results = self.store.hit_all(hits, on_reject, deadline).await;
-        match outcome(&results) {
-            Some(outcome) => {
-                self.stats.record_call(started.elapsed(), &results);
-                if outcome != CallEnd::Answered
-                    && let Some(error) = results.iter().find_map(|result| result.as_ref().err())
-                {
-                    breaker.note_error(error);
+        let ended = outcome(&results);
+        match ended {
+            Some(_) => self.stats.record_call(started.elapsed(), &results),
+            // Nothing was sent (shed, Redis too far, a cluster primary's circuit open):
+            // nothing is learnt about the backend.
+            None => self.stats.record_unsent(&results),
+        }
+        if let (Some(breaker), Some(admission), Some(since)) = (&self.breaker, admission, since) {
+            match ended {
+                Some(ended) => {
+                    if ended != CallEnd::Answered
+                        && let Some(error) = results.iter().find_map(|result| result.as_ref().err())
+                    {
+                        breaker.note_error(error);
+                    }
+                    breaker.record(admission, ended, since);
                 }
-                breaker.record(admission, outcome, since);
-            }
-            None => {
-                // Shed, or Redis too far to call: nothing was sent, so nothing is learnt
-                // about the backend.
-                let too_far = (results.iter())
-                    .any(|result| matches!(result, Err(BackendError::TooFar { .. })));
-                if too_far {
-                    self.stats.record_too_far();
-                } else {
-                    self.stats.record_shed();
-                }
-                if admission == Admission::Probe {
+                None if admission == Admission::Probe => {
                     breaker.record(admission, CallEnd::TimedOut, since);
                 }
+                None => {}
             }
         }
         results
@@ -668,6 +695,7 @@ impl Guarded {
     }
 
     async fn probe_own_if_due(&self) {
+        self.store.probe_own_breakers().await;
         let Some(breaker) = &self.breaker else {
             return;
         };
@@ -744,7 +772,7 @@ pub(crate) fn settle_give_backs(
 /// What a call's results say about the backend, for the breaker: answered when any hit got
 /// an answer (a hit's own error is an answer too), failed when the call failed as a whole,
 /// timed out when no answer came in time; `None` when it was shed before it was sent.
-fn outcome(results: &[Result<Decision, BackendError>]) -> Option<CallEnd> {
+pub(crate) fn outcome(results: &[Result<Decision, BackendError>]) -> Option<CallEnd> {
     let mut outcome = None;
     for result in results {
         let this = match result {
@@ -759,7 +787,12 @@ fn outcome(results: &[Result<Decision, BackendError>]) -> Option<CallEnd> {
             ) => {
                 return Some(CallEnd::Answered);
             }
-            Err(BackendError::Overloaded(_) | BackendError::TooFar { .. }) => continue,
+            // Not sent: nothing learnt about the backend.
+            Err(
+                BackendError::Overloaded(_)
+                | BackendError::TooFar { .. }
+                | BackendError::CircuitOpen(_),
+            ) => continue,
             Err(
                 BackendError::Timeout(_)
                 | BackendError::NotReady(_)
@@ -868,7 +901,7 @@ mod tests {
             clock.clone(),
         );
         let cache = OverLimitCache::new(100, clock.clone());
-        let backend = Backend::remote(Store::Fake(link.clone()), breaker, cache);
+        let backend = Backend::remote(Store::Fake(link.clone()), Some(breaker), cache);
         (backend, link)
     }
 
@@ -938,7 +971,7 @@ mod tests {
             .await;
         assert!(matches!(
             answers.results[0],
-            Err(BackendError::NothingCounted(_))
+            Err(BackendError::CircuitOpen(_))
         ));
         assert_eq!(link.calls(), calls, "open: no call reaches the link");
         let refused = (backend.stats().errors()).find(|(kind, _)| *kind == "circuit_open");

@@ -6,9 +6,10 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
+use super::breaker::BreakerSettings;
 use super::{
-    Backend, BackendError, Breaker, MemoryBackend, OverLimitCache, RedisBackend,
-    RedisClusterBackend, RedisOptions, RedisTls, Store,
+    Backend, BackendError, MemoryBackend, OverLimitCache, RedisBackend, RedisClusterBackend,
+    RedisOptions, RedisTls, Store,
 };
 use crate::clock::Clock;
 use crate::files;
@@ -27,15 +28,17 @@ impl Backend {
     ) -> Result<Backend, BackendError> {
         let redis = &settings.redis;
         let tls = redis_tls(redis)?;
+        let breakers = BreakerSettings {
+            failures: redis.breaker_failures,
+            window: Duration::from_millis(redis.breaker_window_ms),
+            cooldown: Duration::from_millis(redis.breaker_cooldown_ms),
+        };
         // A store that did not answer at start starts with its breaker open: requests get
         // their policy at once, and readiness that follows the backend waits for its answer.
         let remote = |(store, down): (Store, Option<BackendError>)| {
-            let breaker = Breaker::new(
-                redis.breaker_failures,
-                Duration::from_millis(redis.breaker_window_ms),
-                Duration::from_millis(redis.breaker_cooldown_ms),
-                clock.clone(),
-            );
+            // A cluster keeps a breaker per primary: one primary's failures are its own.
+            let breaker = (!matches!(store, Store::RedisCluster(_)))
+                .then(|| breakers.build(clock.clone(), None));
             let over_limit = OverLimitCache::new(redis.local_cache_size, clock.clone());
             let backend = Backend::remote(store, breaker, over_limit);
             if let Some(error) = down {
@@ -46,7 +49,9 @@ impl Backend {
         let main = RedisOptions::from_settings(redis, tls.clone());
         let backend = match settings.backend {
             BackendKind::Memory => Backend::memory(memory.clone()),
-            kind => remote(redis_store("redis", kind, main, &clock, &redis.startup).await?),
+            kind => {
+                remote(redis_store("redis", kind, main, &clock, breakers, &redis.startup).await?)
+            }
         };
         let Some(kind) = redis.per_second.backend else {
             return Ok(backend);
@@ -58,7 +63,15 @@ impl Backend {
             ));
         }
         let options = RedisOptions::per_second_from_settings(redis, tls);
-        let store = redis_store("redis_per_second", kind, options, &clock, &redis.startup).await?;
+        let store = redis_store(
+            "redis_per_second",
+            kind,
+            options,
+            &clock,
+            breakers,
+            &redis.startup,
+        )
+        .await?;
         Ok(backend.with_per_second(remote(store)))
     }
 }
@@ -72,6 +85,7 @@ async fn redis_store(
     kind: BackendKind,
     options: RedisOptions,
     clock: &Arc<dyn Clock>,
+    breakers: BreakerSettings,
     startup: &RedisStartup,
 ) -> Result<(Store, Option<BackendError>), BackendError> {
     let in_role = |error: BackendError| match error {
@@ -85,7 +99,7 @@ async fn redis_store(
         BackendKind::RedisSentinel => (RedisBackend::sentinel(options, clock.clone()))
             .map(Arc::new)
             .map(Store::Redis),
-        BackendKind::RedisCluster => (RedisClusterBackend::new(options, clock.clone()))
+        BackendKind::RedisCluster => (RedisClusterBackend::new(options, clock.clone(), breakers))
             .map(Arc::new)
             .map(Store::RedisCluster),
         BackendKind::Memory => Err(BackendError::Config("memory is not a Redis".into())),

@@ -44,6 +44,7 @@ impl ErrorKind {
                 Some(ErrorKind::Unavailable)
             }
             BackendError::Protocol(_) => Some(ErrorKind::Protocol),
+            BackendError::CircuitOpen(_) => Some(ErrorKind::CircuitOpen),
             BackendError::Config(_) => Some(ErrorKind::Config),
             BackendError::Overloaded(_) => None,
         }
@@ -93,16 +94,20 @@ impl BackendStats {
         self.errors[ErrorKind::CircuitOpen as usize].add(1);
     }
 
-    /// A request refused without a call: Redis' quickest round trip is above the command
-    /// timeout.
-    pub fn record_too_far(&self) {
-        self.errors[ErrorKind::TooFar as usize].add(1);
-    }
-
-    /// A request shed before its call: the backend had as much in flight as it answers in
-    /// time.
-    pub fn record_shed(&self) {
-        self.shed.add(1);
+    /// A request refused without a call, by `results`: Redis' quickest round trip is above
+    /// the command timeout (`too_far`), a cluster primary's circuit is open (`circuit_open`),
+    /// or else it was shed (the backend had as much in flight as it answers in time).
+    pub fn record_unsent(&self, results: &[Result<Decision, BackendError>]) {
+        let is = |wanted: fn(&BackendError) -> bool| {
+            (results.iter()).any(|result| result.as_ref().err().is_some_and(wanted))
+        };
+        if is(|error| matches!(error, BackendError::TooFar { .. })) {
+            self.errors[ErrorKind::TooFar as usize].add(1);
+        } else if is(|error| matches!(error, BackendError::CircuitOpen(_))) {
+            self.record_circuit_open();
+        } else {
+            self.shed.add(1);
+        }
     }
 
     /// How long each call took.

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use deadpool_redis::redis;
 
-use super::{ATTEMPTS, RedisServer, free_port};
+use super::{ATTEMPTS, Flavor, RedisServer, free_port};
 
 /// The number of hash slots of every Redis Cluster.
 pub const SLOTS: u16 = 16384;
@@ -20,6 +20,9 @@ const NODE_TIMEOUT_MS: &str = "1000";
 /// Bound on `redis-cli --cluster create` and on the cluster agreeing afterwards (a loaded
 /// two-core machine runs a dozen other tests meanwhile).
 const FORMING: Duration = Duration::from_secs(60);
+/// Bound on one `redis-cli --cluster` change (a reshard of thousands of slots, a rebalance)
+/// and on the cluster agreeing afterwards.
+const CHANGING: Duration = Duration::from_secs(120);
 /// Bound on a replica taking over a killed primary: detection (1 s) plus election.
 const FAILOVER: Duration = Duration::from_secs(30);
 const POLL: Duration = Duration::from_millis(50);
@@ -28,12 +31,35 @@ const POLL: Duration = Duration::from_millis(50);
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct Node(pub usize);
 
-/// A running three-primary, three-replica cluster, stopped when dropped.
+/// A running three-primary, three-replica cluster, stopped when dropped. Nodes can be killed,
+/// restarted, added and removed; one never leaves [`RedisCluster::nodes`], so a `Node` keeps
+/// naming the same server.
 pub struct RedisCluster {
     servers: Vec<RedisServer>,
     /// Each node's cluster id (CLUSTER MYID), by node.
     ids: Vec<String>,
-    killed: Vec<bool>,
+    states: Vec<State>,
+}
+
+/// Where a node of the harness stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum State {
+    /// Running and part of the cluster.
+    Live,
+    /// Killed: the cluster sees it failing.
+    Killed,
+    /// Taken out of the cluster (`del-node`) and stopped: the cluster has forgotten it.
+    Removed,
+}
+
+/// How [`RedisCluster::failover`] asks a replica to take over (`CLUSTER FAILOVER`'s option).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Failover {
+    /// The primary stops taking writes, the replica catches up, then takes over: no write lost.
+    Graceful,
+    /// The replica takes over without waiting for its primary (`FORCE`), still with the other
+    /// primaries' vote.
+    Force,
 }
 
 /// One line of CLUSTER NODES, as one node sees another.
@@ -71,7 +97,7 @@ impl RedisCluster {
             .map(|server| server.command(&["CLUSTER", "MYID"]))
             .collect();
         let cluster = RedisCluster {
-            killed: vec![false; servers.len()],
+            states: vec![State::Live; servers.len()],
             servers,
             ids,
         };
@@ -180,12 +206,19 @@ impl RedisCluster {
         self.node_on(replica.port)
     }
 
+    /// The live replicas of `primary` (replica migration can give a primary two).
+    pub fn replicas_of(&self, primary: Node) -> Vec<Node> {
+        let id = self.id(primary);
+        (self.view(self.live_node()).iter())
+            .filter(|node| node.primary.as_deref() == Some(id) && !node.is_failing())
+            .map(|node| self.node_on(node.port))
+            .collect()
+    }
+
     /// SIGKILL: the node vanishes without a word, as on a crash or a lost machine.
     pub fn kill(&mut self, node: Node) {
-        let server = &mut self.servers[node.0];
-        let _ = server.child.kill();
-        let _ = server.child.wait();
-        self.killed[node.0] = true;
+        self.servers[node.0].kill();
+        self.states[node.0] = State::Killed;
     }
 
     /// Starts moving `slot` from the primary `source` to the primary `target`: `target`
@@ -220,6 +253,143 @@ impl RedisCluster {
                 node,
                 &["CLUSTER", "SETSLOT", &slot, "NODE", self.id(target)],
             );
+        }
+    }
+
+    /// `127.0.0.1:<port>` of `node`, as `redis-cli --cluster` takes it.
+    pub fn address(&self, node: Node) -> String {
+        format!("127.0.0.1:{}", self.server(node).port())
+    }
+
+    /// Moves `slots` slots, keys and all, from the primary `from` to the primary `to` with
+    /// `redis-cli --cluster reshard` (slot by slot: IMPORTING/MIGRATING, MIGRATE, SETSLOT NODE,
+    /// as an operator runs it), and waits until every node agrees.
+    pub fn reshard(&self, from: Node, to: Node, slots: u16) {
+        let args = [
+            "reshard",
+            &self.address(self.live_node()),
+            "--cluster-from",
+            self.id(from),
+            "--cluster-to",
+            self.id(to),
+            "--cluster-slots",
+            &slots.to_string(),
+            "--cluster-yes",
+        ];
+        self.cluster_tool(&args.map(String::from));
+        self.wait_until_ok("the cluster to agree after a reshard", CHANGING);
+    }
+
+    /// `CLUSTER FAILOVER [FORCE]` on `replica`: waits until it serves its old primary's slots
+    /// and every node agrees; returns the old primary (its replica now).
+    pub fn failover(&self, replica: Node, how: Failover) -> Node {
+        let view = self.view(replica);
+        let me = (view.iter())
+            .find(|node| node.id == self.id(replica))
+            .unwrap_or_else(|| panic!("{replica:?} does not list itself: {view:?}"));
+        let primary_id = (me.primary.clone())
+            .unwrap_or_else(|| panic!("{replica:?} is not a replica: {view:?}"));
+        let primary = (view.iter())
+            .find(|node| node.id == primary_id)
+            .map(|node| self.node_on(node.port))
+            .unwrap_or_else(|| panic!("{replica:?}'s primary is unknown: {view:?}"));
+        let mut command = vec!["CLUSTER", "FAILOVER"];
+        if how == Failover::Force {
+            command.push("FORCE");
+        }
+        self.command(replica, &command);
+        self.wait_for_failover(primary, replica);
+        primary
+    }
+
+    /// Starts a new node and joins it (`--cluster add-node`) as an empty primary.
+    pub fn add_primary(&mut self) -> Node {
+        self.add_node(&[])
+    }
+
+    /// Starts a new node and joins it as a replica of `primary`.
+    pub fn add_replica(&mut self, primary: Node) -> Node {
+        let id = self.id(primary).to_owned();
+        self.add_node(&["--cluster-slave", "--cluster-master-id", &id])
+    }
+
+    fn add_node(&mut self, options: &[&str]) -> Node {
+        let server = start_node();
+        let id = server.command(&["CLUSTER", "MYID"]);
+        let address = format!("127.0.0.1:{}", server.port());
+        let existing = self.address(self.live_node());
+        self.servers.push(server);
+        self.ids.push(id);
+        self.states.push(State::Live);
+        let mut args = vec!["add-node".to_owned(), address, existing];
+        args.extend(options.iter().map(|option| option.to_string()));
+        self.cluster_tool(&args);
+        self.wait_until_ok("a new node to join", CHANGING);
+        Node(self.servers.len() - 1)
+    }
+
+    /// Spreads the slots evenly over every primary, empty ones included (`--cluster rebalance
+    /// --cluster-use-empty-masters`), and waits until every node agrees.
+    pub fn rebalance(&self) {
+        let args = [
+            "rebalance",
+            &self.address(self.live_node()),
+            "--cluster-use-empty-masters",
+        ];
+        self.cluster_tool(&args.map(String::from));
+        self.wait_until_ok("the cluster to agree after a rebalance", CHANGING);
+    }
+
+    /// Takes `node` out of the cluster as an operator does: a primary's slots are moved to
+    /// the other primaries first (`rebalance` with its weight 0), then `--cluster del-node`
+    /// makes every node forget it and stops it.
+    pub fn remove(&mut self, node: Node) {
+        let address = self.address(node);
+        let serves_slots = self.primaries().contains(&node);
+        if serves_slots {
+            let weight = format!("{}=0", self.id(node));
+            let args = [
+                "rebalance",
+                &address,
+                "--cluster-weight",
+                &weight,
+                "--cluster-use-empty-masters",
+            ];
+            self.cluster_tool(&args.map(String::from));
+            self.wait_until_ok("the slots to leave a node", CHANGING);
+        }
+        let other = (self.live_nodes())
+            .find(|&other| other != node)
+            .expect("another live node");
+        let args = ["del-node", &self.address(other), self.id(node)];
+        self.cluster_tool(&args.map(String::from));
+        self.servers[node.0].kill();
+        self.states[node.0] = State::Removed;
+        self.wait_until_ok("the cluster to forget a removed node", CHANGING);
+    }
+
+    /// Stops `node` (SIGTERM) and starts it again on the same port and directory: it rejoins
+    /// from its `nodes.conf`, empty (nothing is persisted), and syncs from its primary. Waits
+    /// until the cluster is whole again. Restart only a replica: a primary restarted empty
+    /// would take its slots back with no data (an upgrade fails it over first).
+    pub fn restart(&mut self, node: Node) {
+        self.servers[node.0].restart();
+        self.states[node.0] = State::Live;
+        self.wait_until_ok("a restarted node to rejoin", CHANGING);
+    }
+
+    /// An upgrade's rolling restart: every replica restarted in turn, then every primary
+    /// failed over to its replica (gracefully) and restarted as a replica.
+    pub fn rolling_restart(&mut self) {
+        let primaries = self.primaries();
+        for &primary in &primaries {
+            let replica = self.replica_of(primary);
+            self.restart(replica);
+        }
+        for primary in primaries {
+            let replica = self.replica_of(primary);
+            self.failover(replica, Failover::Graceful);
+            self.restart(primary);
         }
     }
 
@@ -277,12 +447,13 @@ impl RedisCluster {
                 }
             }
             let view = parse_nodes(&self.try_command(node, &["CLUSTER", "NODES"])?);
-            if view.len() != self.servers.len() {
+            let members = self.states.iter().filter(|&&s| s != State::Removed);
+            if view.len() != members.count() {
                 return Err(format!("{node:?} knows {} nodes", view.len()));
             }
             for other in &view {
                 let other_node = self.node_on(other.port);
-                if self.killed[other_node.0] == other.is_failing() {
+                if (self.states[other_node.0] == State::Killed) == other.is_failing() {
                     continue;
                 }
                 return Err(format!("{node:?} sees {other_node:?} as {:?}", other.flags));
@@ -313,24 +484,28 @@ impl RedisCluster {
 
     /// `redis-cli --cluster create`, bounded; panics with its output on failure.
     fn create(&self) {
+        let mut args = vec!["create".to_owned()];
+        args.extend((self.servers.iter()).map(|server| format!("127.0.0.1:{}", server.port())));
+        args.extend(["--cluster-replicas", "1", "--cluster-yes"].map(String::from));
+        self.cluster_tool(&args);
+    }
+
+    /// `redis-cli --cluster <args>` (or `valkey-cli`), bounded by [`CHANGING`]; panics with
+    /// its output and the cluster's state on failure. Its output on success.
+    fn cluster_tool(&self, args: &[String]) -> String {
         let output = tempfile::NamedTempFile::new().expect("a temporary file");
-        let addresses: Vec<String> = self
-            .servers
-            .iter()
-            .map(|server| format!("127.0.0.1:{}", server.port()))
-            .collect();
-        let mut child = Command::new("redis-cli")
-            .args(["--cluster", "create"])
-            .args(&addresses)
-            .args(["--cluster-replicas", "1", "--cluster-yes"])
+        let cli = Flavor::current().cli();
+        let mut child = Command::new(&cli)
+            .arg("--cluster")
+            .args(args)
             .stdin(Stdio::null())
             .stdout(output.reopen().expect("reopen the output file"))
             .stderr(output.reopen().expect("reopen the output file"))
             .spawn()
-            .expect("redis-cli runs (is the redis-tools package installed?)");
-        let deadline = Instant::now() + FORMING;
+            .unwrap_or_else(|e| panic!("{} runs (is it installed?): {e}", cli.display()));
+        let deadline = Instant::now() + CHANGING;
         let status = loop {
-            if let Some(status) = child.try_wait().expect("waiting for redis-cli") {
+            if let Some(status) = child.try_wait().expect("waiting for the cluster tool") {
                 break Some(status);
             }
             if Instant::now() > deadline {
@@ -340,17 +515,18 @@ impl RedisCluster {
             }
             std::thread::sleep(POLL);
         };
+        let printed = std::fs::read_to_string(output.path()).unwrap_or_default();
         if status.is_some_and(|status| status.success()) {
-            return;
+            return printed;
         }
         panic!(
-            "redis-cli --cluster create {}: {:?}\n{}\n{}",
-            addresses.join(" "),
+            "{} --cluster {}: {:?}\n{printed}\n{}",
+            cli.display(),
+            args.join(" "),
             status.map_or_else(
-                || format!("still running after {FORMING:?}"),
+                || format!("still running after {CHANGING:?}"),
                 |s| s.to_string()
             ),
-            std::fs::read_to_string(output.path()).unwrap_or_default(),
             self.report()
         );
     }
@@ -370,7 +546,7 @@ impl RedisCluster {
     }
 
     fn live_nodes(&self) -> impl Iterator<Item = Node> + '_ {
-        self.nodes().into_iter().filter(|node| !self.killed[node.0])
+        (self.nodes().into_iter()).filter(|node| self.states[node.0] == State::Live)
     }
 
     fn live_node(&self) -> Node {
@@ -397,8 +573,8 @@ impl RedisCluster {
         for node in self.nodes() {
             let server = self.server(node);
             let _ = writeln!(report, "--- {node:?} port {}", server.port());
-            if self.killed[node.0] {
-                let _ = writeln!(report, "(killed)");
+            if self.states[node.0] != State::Live {
+                let _ = writeln!(report, "({:?})", self.states[node.0]);
             } else {
                 for args in [&["CLUSTER", "INFO"][..], &["CLUSTER", "NODES"]] {
                     let answer = self.try_command(node, args).unwrap_or_else(|e| e);

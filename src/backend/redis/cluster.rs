@@ -11,149 +11,73 @@
 //! by its slot, following redirects (`redirect.rs`), and the map is read again in the
 //! background.
 //!
+//! **A failure costs only the slots it touches.** Every node has a connection of floodgate's
+//! own (`cluster/node.rs`) and every primary a circuit breaker (`cluster/topology.rs`): a
+//! primary that dies fails the hits of its slots, by their rules' policies, until the map
+//! names its replacement, and nothing else. (The redis crate's shared cluster connection did
+//! not allow this: a node it could not reach made it reconnect to the seeds and read the map
+//! again while every other call waited, one breaker guarded the whole cluster, and the crate
+//! kept its own map, which could go on naming a dead node.)
+//!
 //! **Bounded.** The request's deadline (the caller's, or `command_timeout` from its start)
 //! bounds every wait, and each call with its redirects waits at most `command_timeout`
 //! besides. A call that misses it fails alone, so counters on healthy primaries still answer
-//! while one primary fails over.
-//!
-//! **One connection.** A cluster connection multiplexes every request over one connection per
-//! node and repairs itself, so it is shared rather than pooled: a pool would check every
-//! connection out with a PING to every primary, a second round trip per request. `pool_size`
-//! does not apply here. Should the connection itself stop working (its driver task gone), the
-//! circuit breaker's probe, which runs only while requests keep failing, drops it and the
-//! next caller opens a new one.
+//! while one primary fails over. `pool_size` does not apply: one multiplexed connection per
+//! node carries every request.
 
-use arc_swap::ArcSwapOption;
-use deadpool_redis::redis;
-use futures_util::future::BoxFuture;
-use redis::Value;
-use redis::cluster::{ClusterClient, ClusterClientBuilder};
-use redis::cluster_async::ClusterConnection;
-use redis::cluster_routing::{RoutingInfo, SingleNodeRoutingInfo};
-use redis::io::tcp::TcpSettings;
+mod node;
+mod topology;
+
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
+
+use deadpool_redis::redis;
 use tokio::time::{Instant, timeout_at};
 
+use crate::backend::breaker::BreakerSettings;
 use crate::backend::{BackendError, CounterHit, give_backs, rejects, settle_give_backs};
 use crate::clock::Clock;
 use crate::limiter::{Decision, Limit};
 
-use super::batcher::{Lane, Link, Shared};
-use super::deadline::RedisClock;
-use super::redirect::{LONGEST_PAUSE, not_served_here, run_call};
-use super::script::{Mode, RedisHit, Target};
-use super::slots::{Node, SlotMap};
-use super::{RedisOptions, Scripts, load_scripts, lock, redact, request_deadline, unavailable};
+use super::batcher::Shared;
+use super::redirect::{not_served_here, run_call};
+use super::script::{RedisHit, Scripts};
+use super::slots::Node;
+use super::{RedisOptions, request_deadline};
+use node::NodeConnector;
+pub(super) use topology::Topology;
 
 /// A Redis Cluster reached through a list of seed nodes.
 pub struct RedisClusterBackend {
-    connector: Arc<Connector>,
-    /// The primaries of the slots, read from the cluster; `None` until first read.
-    slots: Arc<ArcSwapOption<SlotMap>>,
-    /// Held while the slot map is read; and when it last was, so a burst of stale answers
-    /// reads it once.
-    reading_slots: tokio::sync::Mutex<Option<Instant>>,
-    /// One lane (queue, in-flight limit, script calls) per primary.
-    lanes: Mutex<HashMap<Node, Arc<Lane<NodeLink>>>>,
-    shared: Arc<Shared>,
+    topology: Arc<Topology>,
     options: RedisOptions,
-}
-
-/// The one cluster connection, shared by every lane.
-struct Connector {
-    client: ClusterClient,
-    /// Opened on first use, then kept: it follows topology changes by itself.
-    connection: ArcSwapOption<ClusterConnection>,
-    /// Held while opening a connection, so concurrent callers open one, not one each.
-    connecting: tokio::sync::Mutex<()>,
-}
-
-/// A lane's link to one primary: the shared cluster connection, each call routed to the
-/// node's address.
-struct NodeLink {
-    connector: Arc<Connector>,
-    node: SingleNodeRoutingInfo,
-    /// `host:port`, for the log.
-    name: String,
-}
-
-impl Link for NodeLink {
-    fn target(&self) -> Target {
-        Target::Server
-    }
-
-    fn query<'a>(&'a self, command: &'a redis::Cmd) -> BoxFuture<'a, Result<Value, BackendError>> {
-        Box::pin(async move {
-            let mut connection = self.connector.connection().await?;
-            let mut pipe = redis::pipe();
-            pipe.ignore_errors().add_command(command.clone());
-            let replies = connection
-                .route_pipeline(pipe, 0, 1, self.node.clone())
-                .await
-                .map_err(unavailable)?;
-            replies
-                .into_iter()
-                .next()
-                .ok_or_else(|| BackendError::Protocol("no reply to the script call".into()))
-        })
-    }
-
-    fn load_scripts<'a>(&'a self, scripts: &'a Scripts) -> BoxFuture<'a, Result<(), BackendError>> {
-        Box::pin(
-            async move { load_scripts(&mut self.connector.connection().await?, scripts).await },
-        )
-    }
-
-    /// The cluster connection reconnects by itself; the backend reads the slot map again
-    /// after a failed call.
-    fn reset(&self) {}
-
-    fn name(&self) -> &str {
-        &self.name
-    }
 }
 
 impl RedisClusterBackend {
     /// `options.url` is a comma-separated list of seed node URLs; any reachable one reveals
-    /// the whole cluster. No connection is made yet: a cluster that is down at start-up is
-    /// a backend failure for the requests, not a reason to refuse to start.
-    pub fn new(options: RedisOptions, clock: Arc<dyn Clock>) -> Result<Self, BackendError> {
+    /// the whole cluster. Each primary gets a circuit breaker with `breakers`' settings. No
+    /// connection is made yet: a cluster that is down at start-up is a backend failure for
+    /// the requests, not a reason to refuse to start.
+    pub fn new(
+        options: RedisOptions,
+        clock: Arc<dyn Clock>,
+        breakers: BreakerSettings,
+    ) -> Result<Self, BackendError> {
         options.check_key_prefix()?;
-        let seeds = seeds(&options.url)?;
-        // TCP_NODELAY, as for the standalone backend: redis-rs leaves Nagle on.
-        let mut builder = ClusterClientBuilder::new(seeds)
-            .tcp_settings(TcpSettings::default().set_nodelay(true))
-            .connection_timeout(options.connect_timeout)
-            .retries(0);
-        if let Some(username) = &options.username {
-            builder = builder.username(username);
-        }
-        if let Some(password) = &options.password {
-            builder = builder.password(password.expose());
-        }
-        if let Some(certificates) = &options.tls {
-            builder = builder.certs(certificates.certificates());
-        }
-        let client = builder.build().map_err(|e| {
-            BackendError::Config(format!("redis cluster {:?}: {e}", redact(&options.url)))
-        })?;
+        let urls = seeds(&options.url)?;
+        let connector = NodeConnector::new(&options, urls[0])?;
+        let seeds = (urls.iter())
+            .map(|url| NodeConnector::seed(url))
+            .collect::<Result<Vec<Node>, BackendError>>()?;
+        let shared = Arc::new(Shared {
+            scripts: Scripts::new(),
+            command_timeout: options.command_timeout,
+            connect_timeout: options.connect_timeout,
+            clock,
+        });
         Ok(RedisClusterBackend {
-            connector: Arc::new(Connector {
-                client,
-                connection: ArcSwapOption::empty(),
-                connecting: tokio::sync::Mutex::new(()),
-            }),
-            slots: Arc::new(ArcSwapOption::empty()),
-            reading_slots: tokio::sync::Mutex::new(None),
-            lanes: Mutex::new(HashMap::new()),
-            shared: Arc::new(Shared {
-                scripts: Scripts::new(),
-                command_timeout: options.command_timeout,
-                connect_timeout: options.connect_timeout,
-                clock,
-            }),
+            topology: Arc::new(Topology::new(connector, seeds, shared, breakers)),
             options,
         })
     }
@@ -196,9 +120,10 @@ impl RedisClusterBackend {
     }
 
     /// Applies every hit, in order, each by `deadline`: the hits of each primary in that
-    /// primary's lane, which sends them with other requests' in one script call. A hit the
-    /// node no longer serves (a stale slot map), or whose slot the map does not know, is
-    /// sent again on its own, routed by its slot and following redirects.
+    /// primary's lane, through its breaker, which sends them with other requests' in one
+    /// script call. A hit the node no longer serves (a stale slot map), or whose slot the
+    /// map does not know, is sent again on its own, routed by its slot and following
+    /// redirects. Any failure has the map read again soon.
     async fn hit_all_until(
         &self,
         hits: &[CounterHit<'_>],
@@ -207,58 +132,58 @@ impl RedisClusterBackend {
         if hits.is_empty() {
             return Vec::new();
         }
+        let topology = &self.topology;
         let hits: Vec<RedisHit> = hits.iter().map(|hit| self.options.redis_hit(hit)).collect();
         let mut results: Vec<Option<Result<Decision, BackendError>>> = vec![None; hits.len()];
-        let map = self.slot_map(deadline).await;
-        if let Some(map) = &map {
-            let mut by_node: HashMap<&Node, Vec<usize>> = HashMap::new();
-            for (index, hit) in hits.iter().enumerate() {
-                if let Some(node) = map.node_of(hit.key.as_bytes()) {
-                    by_node.entry(node).or_default().push(index);
-                }
+        let map = topology.map_by(deadline).await;
+        let Some(map) = map else {
+            if !topology.healthy() {
+                let open = BackendError::CircuitOpen("the redis cluster did not answer".into());
+                return vec![Err(open); hits.len()];
             }
-            let decided = by_node.into_iter().map(|(node, indices)| {
-                let lane = self.lane(node);
-                let queued = indices.iter().map(|&i| hits[i].clone()).collect();
-                async move { (indices, lane.decide(queued, Mode::Each, deadline).await) }
-            });
-            let mut stale = false;
-            for (indices, answers) in futures_util::future::join_all(decided).await {
-                for (index, answer) in indices.into_iter().zip(answers) {
-                    match answer {
-                        Err(BackendError::Unavailable(message)) if not_served_here(&message) => {
-                            stale = true;
-                        }
-                        answer => {
-                            stale |= matches!(
-                                answer,
-                                Err(BackendError::Unavailable(_)
-                                    | BackendError::NothingCounted(_)
-                                    | BackendError::NotReady(_)
-                                    | BackendError::Busy(_)
-                                    | BackendError::Unsent { .. }
-                                    | BackendError::Timeout(_))
-                            );
-                            results[index] = Some(answer);
-                        }
+            return self.resend(&hits, deadline).await;
+        };
+        let mut by_node: HashMap<&Node, Vec<usize>> = HashMap::new();
+        for (index, hit) in hits.iter().enumerate() {
+            if let Some(node) = map.node_of(hit.key.as_bytes()) {
+                by_node.entry(node).or_default().push(index);
+            }
+        }
+        let decided = by_node.into_iter().map(|(node, indices)| {
+            let queued = indices.iter().map(|&i| hits[i].clone()).collect();
+            async move {
+                (
+                    (node, indices),
+                    topology.decide_on(node, queued, deadline).await,
+                )
+            }
+        });
+        let mut stale = false;
+        // A node that said it does not serve a key knows who does.
+        let mut informed = None;
+        for ((node, indices), answers) in futures_util::future::join_all(decided).await {
+            for (index, answer) in indices.into_iter().zip(answers) {
+                match answer {
+                    Err(BackendError::Unavailable(message)) if not_served_here(&message) => {
+                        stale = true;
+                        informed = Some(node.clone());
+                    }
+                    answer => {
+                        stale |= answer.as_ref().is_err_and(|error| {
+                            !matches!(error, BackendError::Overloaded(_) | BackendError::Late)
+                        });
+                        results[index] = Some(answer);
                     }
                 }
             }
-            if stale {
-                self.read_slots_soon();
-            }
+        }
+        if stale {
+            topology.read_soon_asking(informed);
         }
         let unanswered: Vec<usize> = (0..hits.len()).filter(|&i| results[i].is_none()).collect();
         if !unanswered.is_empty() {
-            // Redis must not run a call after its sender gave up on it.
-            let gives_up = deadline.min(Instant::now() + self.options.command_timeout);
-            let calls: Vec<(&RedisHit, Option<u64>)> = (unanswered.iter())
-                .map(|&i| {
-                    let deadline = self.redis_deadline(map.as_deref(), &hits[i].key, gives_up);
-                    (&hits[i], deadline)
-                })
-                .collect();
-            let resent = self.resend_until(&calls, deadline).await;
+            let alone: Vec<RedisHit> = unanswered.iter().map(|&i| hits[i].clone()).collect();
+            let resent = self.resend(&alone, deadline).await;
             for (index, answer) in unanswered.into_iter().zip(resent) {
                 results[index] = Some(answer);
             }
@@ -271,28 +196,21 @@ impl RedisClusterBackend {
     /// Sends each hit in a call of its own (with the deadline, on its server's clock, past
     /// which the call must decide nothing), routed by its slot and following redirects, by
     /// `deadline` and within the command timeout.
-    async fn resend_until(
+    async fn resend(
         &self,
-        calls: &[(&RedisHit, Option<u64>)],
+        hits: &[RedisHit],
         deadline: Instant,
     ) -> Vec<Result<Decision, BackendError>> {
         let timeout = self.options.command_timeout;
         let deadline = deadline.min(Instant::now() + timeout);
-        let connection = match timeout_at(deadline, self.connector.connection()).await {
-            Ok(Ok(connection)) => connection,
-            Ok(Err(error)) => return vec![Err(error); calls.len()],
-            Err(_) => return vec![Err(BackendError::Timeout(timeout)); calls.len()],
-        };
-        let local_now = self.shared.clock.now_micros();
-        futures_util::future::join_all(calls.iter().map(|&(hit, redis_deadline)| {
-            let connection = connection.clone();
-            async move {
-                let scripts = &self.shared.scripts;
-                let run = run_call(connection, scripts, hit, redis_deadline, local_now);
-                match timeout_at(deadline, run).await {
-                    Ok(result) => result,
-                    Err(_) => Err(BackendError::Timeout(timeout)),
-                }
+        let local_now = self.topology.shared.clock.now_micros();
+        futures_util::future::join_all(hits.iter().map(|hit| async move {
+            // Redis must not run a call after its sender gave up on it.
+            let redis_deadline = self.redis_deadline(&hit.key, deadline);
+            let run = run_call(&self.topology, hit, redis_deadline, local_now);
+            match timeout_at(deadline, run).await {
+                Ok(result) => result,
+                Err(_) => Err(BackendError::Timeout(timeout)),
             }
         }))
         .await
@@ -300,10 +218,13 @@ impl RedisClusterBackend {
 
     /// `deadline` on the clock of the primary the slot map names for `key`, as far as its
     /// lane knows it; `None` when there is no such lane yet.
-    fn redis_deadline(&self, map: Option<&SlotMap>, key: &str, deadline: Instant) -> Option<u64> {
-        let node = map?.node_of(key.as_bytes())?;
-        let lane = lock(&self.lanes).get(node)?.clone();
-        lane.redis_time_at(deadline)
+    fn redis_deadline(&self, key: &str, deadline: Instant) -> Option<u64> {
+        let map = self.topology.map()?;
+        let node = map.node_of(key.as_bytes())?;
+        self.topology
+            .known_primary(node)?
+            .lane
+            .redis_time_at(deadline)
     }
 
     /// The full Redis key of `key`: the settings' prefix, then the counter key.
@@ -312,19 +233,29 @@ impl RedisClusterBackend {
     }
 
     /// Deletes the state of the counters `keys` (full keys, each with its limit), one DEL
-    /// per counter (a counter's keys share a slot, different counters do not); how many
-    /// keys existed.
+    /// per counter on the primary the map names for it (a counter's keys share a slot,
+    /// different counters do not); how many keys existed.
     pub async fn delete(&self, keys: &[(String, Limit)]) -> Result<u64, BackendError> {
-        let mut connection = self.connector.connection().await?;
-        let now = self.shared.clock.now_micros();
+        let deadline = Instant::now() + self.options.connect_timeout + self.options.command_timeout;
+        let map = self.topology.map_by(deadline).await.ok_or_else(|| {
+            BackendError::NothingCounted("the redis cluster's slot map could not be read".into())
+        })?;
+        let now = self.topology.shared.clock.now_micros();
         let mut deleted = 0;
         for (key, limit) in keys {
+            let node = map.node_of(key.as_bytes()).ok_or_else(|| {
+                BackendError::NothingCounted(format!("no redis cluster primary serves {key}"))
+            })?;
             let names = super::script::nearby_state_keys(key, limit, now);
-            let gone: u64 = redis::cmd("DEL")
-                .arg(&names)
-                .query_async(&mut connection)
-                .await
-                .map_err(unavailable)?;
+            let reply = self
+                .topology
+                .connection(node)
+                .query(redis::cmd("DEL").arg(&names))
+                .await?;
+            let gone: u64 = redis::from_redis_value(reply).map_err(|e| {
+                self.topology.read_soon();
+                BackendError::Unavailable(format!("redis: {e}"))
+            })?;
             deleted += gone;
         }
         Ok(deleted)
@@ -333,137 +264,35 @@ impl RedisClusterBackend {
     /// The quickest round trip lately to the primary where it is longest; `None` before
     /// any was measured.
     pub fn quickest_round_trip(&self) -> Option<Duration> {
-        (lock(&self.lanes).values())
-            .filter_map(|lane| lane.quickest_round_trip())
+        (self.topology.known_primaries().iter())
+            .filter_map(|primary| primary.lane.quickest_round_trip())
             .max()
     }
 
-    /// The lane of `node`, made on first use.
-    fn lane(&self, node: &Node) -> Arc<Lane<NodeLink>> {
-        let mut lanes = lock(&self.lanes);
-        if let Some(lane) = lanes.get(node) {
-            return lane.clone();
-        }
-        let link = NodeLink {
-            connector: self.connector.clone(),
-            node: SingleNodeRoutingInfo::ByAddress {
-                host: node.host.clone(),
-                port: node.port,
-            },
-            name: format!("{}:{}", node.host, node.port),
-        };
-        // Each primary has its own clock.
-        let lane = Arc::new(Lane::new(
-            link,
-            self.shared.clone(),
-            Arc::new(RedisClock::new()),
-        ));
-        lanes.insert(node.clone(), lane.clone());
-        lane
-    }
-
-    /// The slot map, read from the cluster first if there is none yet (by `deadline`);
-    /// `None` when it cannot be read, and every hit goes by its slot alone.
-    async fn slot_map(&self, deadline: Instant) -> Option<Arc<SlotMap>> {
-        if let Some(map) = self.slots.load_full() {
-            return Some(map);
-        }
-        timeout_at(deadline, self.read_slots()).await.ok()?;
-        self.slots.load_full()
-    }
-
-    /// Reads the slot map again in the background, at most once per [`LONGEST_PAUSE`]: the
-    /// request that noticed the change does not wait for it.
-    fn read_slots_soon(&self) {
-        let Ok(mut last) = self.reading_slots.try_lock() else {
-            return;
-        };
-        if last.is_some_and(|at| at.elapsed() < LONGEST_PAUSE) {
-            return;
-        }
-        *last = Some(Instant::now());
-        let (connector, slots) = (self.connector.clone(), self.slots.clone());
-        tokio::spawn(async move {
-            if let Some(map) = read_slot_map(&connector).await {
-                slots.store(Some(Arc::new(map)));
-            }
-        });
-    }
-
-    /// Reads the slot map from the cluster and puts it in force, unless another request just
-    /// tried (a cluster that cannot answer is not asked once per request).
-    async fn read_slots(&self) {
-        let mut last = self.reading_slots.lock().await;
-        if self.slots.load().is_some() || last.is_some_and(|at| at.elapsed() < LONGEST_PAUSE) {
-            return;
-        }
-        *last = Some(Instant::now());
-        if let Some(map) = read_slot_map(&self.connector).await {
-            self.slots.store(Some(Arc::new(map)));
-        }
-    }
-
-    /// Loads every script on every node the cluster lists, replicas included: SCRIPT LOAD is
-    /// not replicated, and a replica promoted by a failover needs them (one the cluster did
-    /// not list yet gets them on its first NOSCRIPT). At start-up, and as the circuit
-    /// breaker's probe: a failure then also drops the connection, in case it is the
-    /// connection that is broken rather than the cluster.
+    /// Reads the slot map and loads every script on every node it names, replicas included:
+    /// SCRIPT LOAD is not replicated, and a replica promoted by a failover needs them (one
+    /// the cluster did not list yet gets them on its first NOSCRIPT). At start-up.
     pub async fn load_scripts(&self) -> Result<(), BackendError> {
         let bound = self.options.connect_timeout + self.options.command_timeout;
-        let load = async {
-            let mut connection = self.connector.connection().await?;
-            load_scripts(&mut connection, &self.shared.scripts).await
-        };
-        let result = tokio::time::timeout(bound, load)
+        tokio::time::timeout(bound * 2, self.topology.load_scripts_everywhere())
             .await
-            .unwrap_or(Err(BackendError::Timeout(bound)));
-        if result.is_err() {
-            self.connector.connection.store(None);
-        }
-        result
+            .unwrap_or(Err(BackendError::Timeout(bound * 2)))
     }
-}
 
-impl Connector {
-    /// The shared cluster connection, opened by the first caller that needs it. A failed or
-    /// abandoned attempt leaves it unopened for the next caller.
-    async fn connection(&self) -> Result<ClusterConnection, BackendError> {
-        if let Some(connection) = self.connection.load_full() {
-            return Ok(ClusterConnection::clone(&connection));
-        }
-        let _opening = self.connecting.lock().await;
-        if let Some(connection) = self.connection.load_full() {
-            return Ok(ClusterConnection::clone(&connection));
-        }
-        let connection = self
-            .client
-            .get_async_connection()
-            .await
-            .map_err(unavailable)?;
-        self.connection.store(Some(Arc::new(connection.clone())));
-        Ok(connection)
+    /// Whether the cluster answers: while any primary's breaker is closed.
+    pub fn healthy(&self) -> bool {
+        self.topology.healthy()
     }
-}
 
-/// The cluster's slot map, asked of any node; `None` (logged) when it cannot be read.
-async fn read_slot_map(connector: &Connector) -> Option<SlotMap> {
-    let read = async {
-        let mut connection = connector.connection().await?;
-        let reply = connection
-            .route_command(
-                redis::cmd("CLUSTER").arg("SLOTS").clone(),
-                RoutingInfo::SingleNode(SingleNodeRoutingInfo::Random),
-            )
-            .await
-            .map_err(unavailable)?;
-        SlotMap::from_cluster_slots(&reply).map_err(BackendError::Protocol)
-    };
-    match read.await {
-        Ok(map) => Some(map),
-        Err(error) => {
-            tracing::warn!(%error, "could not read the redis cluster's slot map");
-            None
-        }
+    /// The cluster did not answer `error` at start-up.
+    pub fn open_at_start(&self, error: &dyn std::fmt::Display) {
+        self.topology.open_at_start(error);
+    }
+
+    /// Probes the primaries whose breakers are open (and reads the map again: they may have
+    /// been replaced), where due.
+    pub async fn probe_if_due(&self) {
+        self.topology.probe_if_due().await;
     }
 }
 
@@ -502,7 +331,12 @@ mod tests {
     }
 
     fn backend(url: &str, key_prefix: &str) -> Result<RedisClusterBackend, BackendError> {
-        RedisClusterBackend::new(options(url, key_prefix), Arc::new(SystemClock))
+        let breakers = BreakerSettings {
+            failures: 5,
+            window: Duration::from_secs(1),
+            cooldown: Duration::from_millis(250),
+        };
+        RedisClusterBackend::new(options(url, key_prefix), Arc::new(SystemClock), breakers)
     }
 
     #[test]

@@ -5,137 +5,135 @@
 //! **Redirects are followed here, exactly once per call.** The call declares its keys, so the
 //! cluster answers a redirect before anything runs, and a redirect means the call did not
 //! run: the call alone is sent again, to the node an ASK names, preceded by ASKING in the
-//! same pipeline (the redis crate sends ASKING as a request of its own on the node's shared
-//! connection, where another request's command can use it up first, and the call then
-//! bounces between the two nodes); to the node a MOVED names; after a short pause for
-//! TRYAGAIN, CLUSTERDOWN and the like. A connection error is not resent: the call may have
-//! run. The crate's own retries are therefore off; it still refreshes its slot map and
-//! reconnects by itself.
+//! same pipeline (sent as a request of its own on the node's shared connection, another
+//! request's command could use it up first, and the call would then bounce between the two
+//! nodes); to the node a MOVED names; after a short pause for TRYAGAIN, CLUSTERDOWN and the
+//! like, by the slot map read again. A connection error is not resent: the call may have run.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use deadpool_redis::redis;
-use redis::cluster_async::ClusterConnection;
-use redis::cluster_routing::SingleNodeRoutingInfo;
-use redis::{ErrorKind, RedisError, RedisResult, ServerErrorKind, Value};
+use redis::{ErrorKind, RedisError, ServerErrorKind, Value};
 
 use crate::backend::BackendError;
 use crate::limiter::Decision;
 
+use super::cluster::Topology;
+use super::is_noscript;
 use super::script::{self, RedisHit, ScriptClock};
-use super::{Scripts, is_noscript, load_scripts, unavailable};
+use super::slots::Node;
 
 /// The first pause before resending a call the cluster could not take yet (TRYAGAIN,
-/// CLUSTERDOWN, a node being reconnected); it doubles up to [`LONGEST_PAUSE`].
+/// CLUSTERDOWN, a failover under way); it doubles up to [`LONGEST_PAUSE`].
 const FIRST_PAUSE: Duration = Duration::from_millis(5);
-pub(super) const LONGEST_PAUSE: Duration = Duration::from_millis(100);
+const LONGEST_PAUSE: Duration = Duration::from_millis(100);
 
 /// One call of `hit`, to be run by `deadline` (its server's clock, µs) or not at all, sent
 /// again after each redirect until it runs (a redirect means it did not) and again once after
-/// a NOSCRIPT, with the scripts loaded. The caller's deadline ends the loop.
+/// a NOSCRIPT, with the scripts loaded on that node. The caller's deadline ends the loop.
 pub(super) async fn run_call(
-    mut connection: ClusterConnection,
-    scripts: &Scripts,
+    topology: &Arc<Topology>,
     hit: &RedisHit,
     deadline: Option<u64>,
     local_now: u64,
 ) -> Result<Decision, BackendError> {
+    let scripts = &topology.shared.scripts;
     let mut target = None;
     let mut pause = FIRST_PAUSE;
     let mut reloaded = false;
-    loop {
-        let call = Call {
-            hit,
-            deadline,
-            local_now,
-        };
-        match send(&mut connection, scripts, &call, target.as_ref()).await {
-            Ok(reply) if is_noscript(&reply) && !reloaded => {
-                tracing::info!("a redis cluster node lost its scripts; loading them again");
-                load_scripts(&mut connection, scripts).await?;
-                reloaded = true;
-            }
-            Ok(reply) => match script::decision(&reply) {
-                // The key the script read first is not served here (its slot is moving
-                // and the key moved, or the cluster is failing over): nothing ran.
-                Err(BackendError::Unavailable(message)) if not_served_here(&message) => {
-                    tokio::time::sleep(pause).await;
-                    pause = (pause * 2).min(LONGEST_PAUSE);
-                    target = None;
-                }
-                result => return result,
-            },
-            Err(error) => match Resend::after(&error) {
-                Some(Resend::Later) => {
-                    tokio::time::sleep(pause).await;
-                    pause = (pause * 2).min(LONGEST_PAUSE);
-                    target = None;
-                }
-                Some(resend) => target = Some(resend),
-                None => return Err(unavailable(error)),
-            },
-        }
-    }
-}
-
-/// One hit's call: the deadline past which it decides nothing (its server's clock), and the
-/// local clock for calendar windows.
-struct Call<'a> {
-    hit: &'a RedisHit,
-    deadline: Option<u64>,
-    local_now: u64,
-}
-
-/// Sends one call: routed by its key, or to the node a redirect named.
-async fn send(
-    connection: &mut ClusterConnection,
-    scripts: &Scripts,
-    call: &Call<'_>,
-    target: Option<&Resend>,
-) -> RedisResult<Value> {
     let mut pipe = redis::pipe();
     pipe.ignore_errors();
-    if let Some(Resend::Asking(_)) = target {
-        pipe.cmd("ASKING");
-    }
     script::add_call(
         &mut pipe,
         scripts,
-        call.hit,
+        hit,
         ScriptClock::Redis,
-        call.deadline,
-        call.local_now,
+        deadline,
+        local_now,
     );
-    let replies: Vec<Value> = match target {
-        Some(Resend::Asking(node) | Resend::To(node)) => {
-            let count = pipe.len();
-            connection
-                .route_pipeline(pipe, 0, count, node.clone())
-                .await?
+    let mut asking = redis::pipe();
+    asking.ignore_errors().cmd("ASKING");
+    script::add_call(
+        &mut asking,
+        scripts,
+        hit,
+        ScriptClock::Redis,
+        deadline,
+        local_now,
+    );
+    loop {
+        let (node, call) = match target.take() {
+            Some(Resend::Asking(node)) => (node, &asking),
+            Some(Resend::To(node)) => (node, &pipe),
+            Some(Resend::Later) | None => (route(topology, &hit.key)?, &pipe),
+        };
+        let connection = topology.connection(&node);
+        // The script's reply is the last one (after ASKING's OK).
+        let replies = connection.send(call).await?;
+        let reply = replies
+            .into_iter()
+            .next_back()
+            .ok_or_else(|| BackendError::Protocol("no reply to a script call".into()))?;
+        if is_noscript(&reply) && !reloaded {
+            tracing::info!(node = %node, "a redis cluster node lost its scripts; loading them again");
+            connection.load_scripts(scripts).await?;
+            reloaded = true;
+            target = Some(Resend::To(node));
+            continue;
         }
-        Some(Resend::Later) | None => pipe.query_async(connection).await?,
-    };
-    // The script's reply is the last one (after ASKING's OK).
-    replies
-        .into_iter()
-        .next_back()
-        .ok_or_else(|| RedisError::from((ErrorKind::Client, "no reply to a script call")))
+        let resend = match &reply {
+            Value::ServerError(_) => reply
+                .clone()
+                .extract_error()
+                .err()
+                .and_then(|e| Resend::after(&e)),
+            _ => None,
+        };
+        match resend {
+            Some(Resend::Later) => {}
+            Some(resend) => {
+                target = Some(resend);
+                continue;
+            }
+            None => match script::decision(&reply) {
+                // The key the script read first is not served here (its slot is moving
+                // and the key moved, or the cluster is failing over): nothing ran.
+                Err(BackendError::Unavailable(message)) if not_served_here(&message) => {}
+                result => return result,
+            },
+        }
+        topology.read_soon();
+        tokio::time::sleep(pause).await;
+        pause = (pause * 2).min(LONGEST_PAUSE);
+    }
+}
+
+/// The node the slot map names for `key`, else a seed (which redirects).
+fn route(topology: &Topology, key: &str) -> Result<Node, BackendError> {
+    let mapped = (topology.map()).and_then(|map| map.node_of(key.as_bytes()).cloned());
+    mapped
+        .or_else(|| topology.any_seed().cloned())
+        .ok_or_else(|| BackendError::Config("no redis cluster node to send a call to".into()))
 }
 
 /// Whether a hit's error says the node does not serve its key now: a script that touches a
 /// key the cluster has moved away (or cannot serve while it is down) fails on that key's
 /// first read, before it wrote anything, so the hit can be sent again.
 pub(super) fn not_served_here(message: &str) -> bool {
-    message.contains("non local key") || message.contains("cluster is down")
+    message.contains("non local key")
+        || message.contains("cluster is down")
+        // A primary demoted by a failover refuses a script that may write before it runs.
+        || message.contains("read only replica")
 }
 
 /// Where to send a call again.
 #[derive(Debug, Clone, PartialEq)]
 enum Resend {
     /// To this node, preceded by ASKING: the slot is moving there and the key has moved.
-    Asking(SingleNodeRoutingInfo),
+    Asking(Node),
     /// To this node, which owns the slot now.
-    To(SingleNodeRoutingInfo),
+    To(Node),
     /// Wherever the slot map says, after a pause: the cluster cannot take it yet.
     Later,
 }
@@ -148,7 +146,7 @@ impl Resend {
             let (address, _slot) = error.redirect_node()?;
             let (host, port) = address.rsplit_once(':')?;
             let port = port.parse().ok()?;
-            Some(SingleNodeRoutingInfo::ByAddress {
+            Some(Node {
                 host: host.to_owned(),
                 port,
             })
@@ -182,8 +180,8 @@ mod tests {
             .expect_err("an error reply")
     }
 
-    fn node(host: &str, port: u16) -> SingleNodeRoutingInfo {
-        SingleNodeRoutingInfo::ByAddress {
+    fn node(host: &str, port: u16) -> Node {
+        Node {
             host: host.into(),
             port,
         }

@@ -67,10 +67,19 @@ pub struct Node {
     pub port: u16,
 }
 
-/// The primary that serves each slot.
+impl std::fmt::Display for Node {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}:{}", self.host, self.port)
+    }
+}
+
+/// The primary that serves each slot, and every node the cluster listed.
 #[derive(Debug, Clone)]
 pub struct SlotMap {
+    /// The primaries, each once.
     nodes: Vec<Node>,
+    /// The replicas the cluster listed beside them.
+    replicas: Vec<Node>,
     /// Per slot, an index into `nodes`; `u16::MAX` for a slot no node serves.
     owners: Box<[u16]>,
 }
@@ -78,16 +87,24 @@ pub struct SlotMap {
 const UNSERVED: u16 = u16::MAX;
 
 impl SlotMap {
-    /// Reads a `CLUSTER SLOTS` reply: `[start, end, [host, port, …], replicas…]` per range.
-    pub fn from_cluster_slots(reply: &Value) -> Result<Self, String> {
+    /// Reads a `CLUSTER SLOTS` reply, `[start, end, [host, port, …], replicas…]` per range,
+    /// that `queried` gave: a node listed without a host (one that does not know its own
+    /// address) is on `queried`'s host.
+    pub fn from_cluster_slots(reply: &Value, queried: &Node) -> Result<Self, String> {
         let Value::Array(ranges) = reply else {
             return Err(format!("CLUSTER SLOTS replied {reply:?}"));
         };
         let mut nodes: Vec<Node> = Vec::new();
+        let mut replicas: Vec<Node> = Vec::new();
         let mut index: HashMap<Node, u16> = HashMap::new();
         let mut owners = vec![UNSERVED; SLOTS].into_boxed_slice();
         for range in ranges {
-            let (start, end, node) = read_range(range)?;
+            let (start, end, node, range_replicas) = read_range(range, queried)?;
+            for replica in range_replicas {
+                if !replicas.contains(&replica) {
+                    replicas.push(replica);
+                }
+            }
             let next = u16::try_from(nodes.len()).map_err(|_| "too many nodes".to_owned())?;
             let at = *index.entry(node.clone()).or_insert_with(|| {
                 nodes.push(node);
@@ -95,7 +112,22 @@ impl SlotMap {
             });
             owners[start..=end].fill(at);
         }
-        Ok(SlotMap { nodes, owners })
+        replicas.retain(|replica| !nodes.contains(replica));
+        Ok(SlotMap {
+            nodes,
+            replicas,
+            owners,
+        })
+    }
+
+    /// The primaries that serve slots.
+    pub fn primaries(&self) -> &[Node] {
+        &self.nodes
+    }
+
+    /// Every node the map names: the primaries, then their replicas.
+    pub fn members(&self) -> impl Iterator<Item = &Node> {
+        self.nodes.iter().chain(&self.replicas)
     }
 
     /// The primary that serves `key`, if the map knows one.
@@ -107,19 +139,14 @@ impl SlotMap {
     }
 }
 
-/// One range of a `CLUSTER SLOTS` reply: its first and last slot and its primary.
-fn read_range(range: &Value) -> Result<(usize, usize, Node), String> {
+/// One range of a `CLUSTER SLOTS` reply: its first and last slot, its primary and its
+/// replicas.
+fn read_range(range: &Value, queried: &Node) -> Result<(usize, usize, Node, Vec<Node>), String> {
     let bad = || format!("CLUSTER SLOTS range {range:?}");
     let Value::Array(items) = range else {
         return Err(bad());
     };
-    let [
-        Value::Int(start),
-        Value::Int(end),
-        Value::Array(primary),
-        ..,
-    ] = items.as_slice()
-    else {
+    let [Value::Int(start), Value::Int(end), servers @ ..] = items.as_slice() else {
         return Err(bad());
     };
     let (start, end) = (usize::try_from(*start), usize::try_from(*end));
@@ -129,16 +156,32 @@ fn read_range(range: &Value) -> Result<(usize, usize, Node), String> {
     if start > end || end >= SLOTS {
         return Err(bad());
     }
-    let host = match primary.first() {
-        Some(Value::BulkString(host)) => String::from_utf8_lossy(host).into_owned(),
-        Some(Value::SimpleString(host)) => host.clone(),
-        _ => return Err(bad()),
+    let mut servers = servers.iter().map(|server| read_node(server, queried));
+    let primary = servers.next().ok_or_else(bad)?.ok_or_else(bad)?;
+    let replicas = servers.collect::<Option<Vec<Node>>>().ok_or_else(bad)?;
+    Ok((start, end, primary, replicas))
+}
+
+/// A server of a `CLUSTER SLOTS` range: `[host, port, id, …]`.
+fn read_node(server: &Value, queried: &Node) -> Option<Node> {
+    let Value::Array(fields) = server else {
+        return None;
     };
-    let port = match primary.get(1) {
-        Some(Value::Int(port)) => u16::try_from(*port).map_err(|_| bad())?,
-        _ => return Err(bad()),
+    let host = match fields.first()? {
+        Value::BulkString(host) => String::from_utf8_lossy(host).into_owned(),
+        Value::SimpleString(host) => host.clone(),
+        Value::Nil => String::new(),
+        _ => return None,
     };
-    Ok((start, end, Node { host, port }))
+    let host = match host.as_str() {
+        "" | "?" => queried.host.clone(),
+        _ => host,
+    };
+    let port = match fields.get(1)? {
+        Value::Int(port) => u16::try_from(*port).ok()?,
+        _ => return None,
+    };
+    Some(Node { host, port })
 }
 
 #[cfg(test)]
@@ -156,6 +199,38 @@ mod tests {
         assert_eq!(hash_tag(b"foo{}{bar}"), b"foo{}{bar}");
         assert_eq!(hash_tag(b"foo{{bar}}zap"), b"{bar");
         assert_eq!(hash_tag(b"foo{bar}{zap}"), b"bar");
+    }
+
+    /// The node the replies came from.
+    fn queried() -> Node {
+        Node {
+            host: "10.0.0.9".into(),
+            port: 7009,
+        }
+    }
+
+    #[test]
+    fn replicas_are_members_and_a_node_without_a_host_is_on_the_queried_ones() {
+        let server = |host: &str, port: i64| {
+            Value::Array(vec![
+                Value::BulkString(host.as_bytes().to_vec()),
+                Value::Int(port),
+            ])
+        };
+        let reply = Value::Array(vec![Value::Array(vec![
+            Value::Int(0),
+            Value::Int(16383),
+            server("", 7000),
+            server("10.0.0.2", 7001),
+        ])]);
+        let map = SlotMap::from_cluster_slots(&reply, &queried()).expect("a slot map");
+        let node = |host: &str, port| Node {
+            host: host.into(),
+            port,
+        };
+        assert_eq!(map.primaries(), [node("10.0.0.9", 7000)]);
+        let members: Vec<&Node> = map.members().collect();
+        assert_eq!(members, [&node("10.0.0.9", 7000), &node("10.0.0.2", 7001)]);
     }
 
     fn range(start: i64, end: i64, host: &str, port: i64) -> Value {
@@ -176,7 +251,7 @@ mod tests {
             range(0, 5460, "10.0.0.1", 7000),
             range(10923, 16383, "10.0.0.3", 7002),
         ]);
-        let map = SlotMap::from_cluster_slots(&reply).expect("a slot map");
+        let map = SlotMap::from_cluster_slots(&reply, &queried()).expect("a slot map");
         let key = |slot: u16| {
             (0u32..)
                 .map(|n| n.to_string())
@@ -206,10 +281,10 @@ mod tests {
 
     #[test]
     fn a_malformed_reply_is_an_error() {
-        assert!(SlotMap::from_cluster_slots(&Value::Nil).is_err());
+        assert!(SlotMap::from_cluster_slots(&Value::Nil, &queried()).is_err());
         let reversed = Value::Array(vec![range(10, 5, "h", 1)]);
-        assert!(SlotMap::from_cluster_slots(&reversed).is_err());
+        assert!(SlotMap::from_cluster_slots(&reversed, &queried()).is_err());
         let beyond = Value::Array(vec![range(0, 16384, "h", 1)]);
-        assert!(SlotMap::from_cluster_slots(&beyond).is_err());
+        assert!(SlotMap::from_cluster_slots(&beyond, &queried()).is_err());
     }
 }
