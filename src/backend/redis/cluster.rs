@@ -8,7 +8,7 @@
 //!
 //! **A stale map costs a resend, never a double count.** A hit whose key the primary no
 //! longer serves fails on its first read, before it wrote anything; it is sent again alone,
-//! by its slot, following redirects (`redirect.rs`), and the map is read again in the
+//! by its slot, following redirects (`cluster/redirect.rs`), and the map is read again in the
 //! background.
 //!
 //! **A failure costs only the slots it touches.** Every node has a connection of floodgate's
@@ -26,6 +26,7 @@
 //! node carries every request.
 
 mod node;
+mod redirect;
 mod topology;
 
 use std::collections::HashMap;
@@ -41,11 +42,11 @@ use crate::clock::Clock;
 use crate::limiter::{Decision, Limit};
 
 use super::batcher::Shared;
-use super::redirect::{not_served_here, run_call};
 use super::script::{RedisHit, Scripts};
-use super::slots::Node;
+use super::slots::{Node, not_served_here};
 use super::{RedisOptions, request_deadline};
 use node::NodeConnector;
+use redirect::run_call;
 pub(super) use topology::Topology;
 
 /// A Redis Cluster reached through a list of seed nodes.

@@ -2,7 +2,7 @@
 //! and one script call decides the hits of many requests at once.
 //!
 //! The rooms: `standalone.rs` (one server, or Sentinel's primary) and `cluster.rs` (a Redis
-//! Cluster, with `slots.rs` and `redirect.rs`) are the backends; `batcher.rs` is a
+//! Cluster, with `slots.rs` and its rooms in `cluster/`) are the backends; `batcher.rs` is a
 //! connection's queue, `script.rs` the Lua call and its reply, `connect.rs` where
 //! connections come from, `deadline.rs` Redis' clock. This file holds what they share: the
 //! options and a few helpers.
@@ -27,7 +27,6 @@ mod batcher;
 mod cluster;
 mod connect;
 mod deadline;
-mod redirect;
 pub mod script;
 pub mod slots;
 mod standalone;

@@ -184,6 +184,16 @@ fn read_node(server: &Value, queried: &Node) -> Option<Node> {
     Some(Node { host, port })
 }
 
+/// Whether a hit's error says the node does not serve its key now: a script that touches a
+/// key the cluster has moved away (or cannot serve while it is down) fails on that key's
+/// first read, before it wrote anything, so the hit can be sent again.
+pub fn not_served_here(message: &str) -> bool {
+    message.contains("non local key")
+        || message.contains("cluster is down")
+        // A primary demoted by a failover refuses a script that may write before it runs.
+        || message.contains("read only replica")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

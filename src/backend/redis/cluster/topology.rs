@@ -30,8 +30,7 @@ use crate::limiter::Decision;
 use super::super::batcher::{Lane, Shared};
 use super::super::deadline::RedisClock;
 use super::super::lock;
-use super::super::redirect::not_served_here;
-use super::super::slots::{Node, SlotMap};
+use super::super::slots::{Node, SlotMap, not_served_here};
 use super::node::{NodeConnection, NodeConnector, NodeLink};
 
 /// The least time between two readings of the slot map (the one a failing call asks for, or

@@ -19,10 +19,10 @@ use redis::{ErrorKind, RedisError, ServerErrorKind, Value};
 use crate::backend::BackendError;
 use crate::limiter::Decision;
 
-use super::cluster::Topology;
-use super::is_noscript;
-use super::script::{self, RedisHit, ScriptClock};
-use super::slots::Node;
+use super::super::is_noscript;
+use super::super::script::{self, RedisHit, ScriptClock};
+use super::super::slots::{Node, not_served_here};
+use super::topology::Topology;
 
 /// The first pause before resending a call the cluster could not take yet (TRYAGAIN,
 /// CLUSTERDOWN, a failover under way); it doubles up to [`LONGEST_PAUSE`].
@@ -115,16 +115,6 @@ fn route(topology: &Topology, key: &str) -> Result<Node, BackendError> {
     mapped
         .or_else(|| topology.any_seed().cloned())
         .ok_or_else(|| BackendError::Config("no redis cluster node to send a call to".into()))
-}
-
-/// Whether a hit's error says the node does not serve its key now: a script that touches a
-/// key the cluster has moved away (or cannot serve while it is down) fails on that key's
-/// first read, before it wrote anything, so the hit can be sent again.
-pub(super) fn not_served_here(message: &str) -> bool {
-    message.contains("non local key")
-        || message.contains("cluster is down")
-        // A primary demoted by a failover refuses a script that may write before it runs.
-        || message.contains("read only replica")
 }
 
 /// Where to send a call again.
