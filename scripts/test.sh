@@ -73,13 +73,15 @@ if cargo nextest --version >/dev/null 2>&1; then
     echo "== the Redis-facing suites again, on Valkey"
     FLOODGATE_TEST_SERVER=valkey cargo nextest run --locked --no-fail-fast \
         --test lua_contract --test redis_backend --test redis_cluster --test redis_in_motion \
-        --test redis_sentinel --test late_calls
+        --test redis_sentinel --test sentinel_in_motion --test late_calls
 else
     cargo test --workspace --locked --no-fail-fast
 fi
 
-# The client suites start the server binary the Rust tests built.
-cargo build --locked
+# The client suites start the server binary the Rust tests built (integration tests build it;
+# a separate `cargo build` would compile the crate and half its dependencies again, without
+# the test-only features, for nothing).
+[ -x target/debug/floodgate ] || cargo build --locked
 export FLOODGATE_BIN="$PWD/target/debug/floodgate"
 
 echo "== Python client"

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use floodgate::proto::envoy::service::ratelimit::v3::rate_limit_response::Code;
 use floodgate::proto::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
 use harness::{ALGORITHMS, EVERY_ALGORITHM, Floodgate, admitted, descriptor, request};
-use redis_harness::sentinel::{MASTER, Sentinels};
+use redis_harness::sentinel::Sentinels;
 
 const OK: i32 = Code::Ok as i32;
 const OVER_LIMIT: i32 = Code::OverLimit as i32;
@@ -19,17 +19,11 @@ const OVER_LIMIT: i32 = Code::OverLimit as i32;
 /// A floodgate on the primary `sentinels` name, with a command timeout a debug build on a
 /// loaded machine always meets.
 fn start(sentinels: &Sentinels) -> Floodgate {
-    let urls = sentinels.urls();
+    let flags = sentinels.backend_flags();
+    let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
     Floodgate::start_with_env(
         &[("rules.yaml", EVERY_ALGORITHM)],
-        &[
-            "--backend",
-            "redis-sentinel",
-            "--redis-url",
-            &urls,
-            "--redis-sentinel-master",
-            MASTER,
-        ],
+        &flags,
         &[("FLOODGATE_REDIS_COMMAND_TIMEOUT_MS", "2000")],
     )
 }

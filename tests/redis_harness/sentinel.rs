@@ -19,12 +19,18 @@ pub const MASTER: &str = "floodgate-primary";
 const FORMING: Duration = Duration::from_secs(20);
 /// Bound on a failover: detection (500 ms), agreement, election, promotion.
 const FAILOVER: Duration = Duration::from_secs(20);
+/// Bound on a returning primary becoming a replica: the sentinels ask its role every 10 s,
+/// leave one that says it is a primary alone for 8 s after it was last down, then make it a
+/// replica, and it syncs.
+const RETURNING: Duration = Duration::from_secs(60);
 const POLL: Duration = Duration::from_millis(50);
 
 /// A primary, a replica and three sentinels.
 pub struct Sentinels {
-    /// The data servers; a killed one is `None`.
-    servers: Vec<Option<RedisServer>>,
+    /// The data servers, killed ones included.
+    servers: Vec<RedisServer>,
+    /// The ports of the data servers killed and not started again.
+    down: Vec<u16>,
     sentinels: Vec<RedisServer>,
     /// Each sentinel's configuration file (the sentinel rewrites it).
     _config: tempfile::TempDir,
@@ -34,12 +40,22 @@ impl Sentinels {
     /// Starts the primary and its replica, waits for the replica to sync, then starts the
     /// sentinels and waits until each knows the replica and the two other sentinels.
     pub fn start() -> Sentinels {
+        Self::start_with(&[])
+    }
+
+    /// As [`start`](Self::start), the data servers started with `options` besides
+    /// (`["--appendonly", "yes"]`: a killed server started again has its data back).
+    pub fn start_with(options: &[&str]) -> Sentinels {
         let data = [
-            "--repl-diskless-sync-delay",
-            "0",
-            "--replica-announce-ip",
-            "127.0.0.1",
-        ];
+            &[
+                "--repl-diskless-sync-delay",
+                "0",
+                "--replica-announce-ip",
+                "127.0.0.1",
+            ],
+            options,
+        ]
+        .concat();
         let primary = RedisServer::start_with(&data);
         let port = primary.port().to_string();
         let replica_options = [&data[..], &["--replicaof", "127.0.0.1", &port]].concat();
@@ -49,7 +65,8 @@ impl Sentinels {
             .map(|i| start_sentinel(config.path().join(format!("sentinel-{i}.conf")), &port))
             .collect();
         let deployment = Sentinels {
-            servers: vec![Some(primary), Some(replica)],
+            servers: vec![primary, replica],
+            down: Vec::new(),
             sentinels,
             _config: config,
         };
@@ -61,6 +78,15 @@ impl Sentinels {
     pub fn urls(&self) -> String {
         let urls: Vec<String> = self.sentinels.iter().map(RedisServer::url).collect();
         urls.join(",")
+    }
+
+    /// floodgate's flags for this deployment: the sentinel backend, their URLs, the name.
+    pub fn backend_flags(&self) -> Vec<String> {
+        ["--backend", "redis-sentinel", "--redis-url", &self.urls()]
+            .into_iter()
+            .chain(["--redis-sentinel-master", MASTER])
+            .map(String::from)
+            .collect()
     }
 
     /// The data server the sentinels name as primary now (all of them agreeing).
@@ -79,15 +105,60 @@ impl Sentinels {
             .expect("a live replica")
     }
 
-    /// SIGKILL of the primary: it vanishes without a word, as on a crash.
-    pub fn kill_primary(&mut self) {
+    /// SIGKILL of the primary: it vanishes without a word, as on a crash. Its port.
+    pub fn kill_primary(&mut self) -> u16 {
         let port = self.primary().port();
-        let slot = self
-            .servers
-            .iter_mut()
-            .find(|server| server.as_ref().is_some_and(|s| s.port() == port))
-            .expect("the primary is a live server");
-        drop(slot.take());
+        self.server_mut(port).kill();
+        self.down.push(port);
+        port
+    }
+
+    /// Starts the killed server on `port` again, on its port and with its directory (with
+    /// `--appendonly yes`, its data as it was when killed): it says it is a primary until the
+    /// sentinels make it a replica of the one they promoted meanwhile.
+    pub fn start_again(&mut self, port: u16) {
+        self.server_mut(port).start_again();
+        self.down.retain(|&down| down != port);
+    }
+
+    /// Waits until the server on `port` is a replica of the current primary, in sync, and
+    /// every sentinel lists it as a healthy replica (one a failover may promote).
+    pub fn wait_for_replica(&self, port: u16) {
+        self.wait("a replica in sync", RETURNING, |deployment| {
+            let primary = deployment.agreed_primary()?;
+            let replication: String = query(deployment.server_on(port), &["INFO", "replication"])?;
+            let following = format!("master_port:{primary}");
+            if !replication.contains("role:slave")
+                || !replication.contains(&following)
+                || !replication.contains("master_link_status:up")
+            {
+                return Err(format!(
+                    "port {port} is not a replica in sync: {replication}"
+                ));
+            }
+            for sentinel in &deployment.sentinels {
+                let replicas: Vec<Vec<String>> =
+                    query(sentinel, &["SENTINEL", "REPLICAS", MASTER])?;
+                let healthy = replicas.iter().any(|fields| {
+                    let field = |name: &str| {
+                        (fields.chunks(2))
+                            .find(|pair| pair[0] == name)
+                            .map(|pair| pair[1].as_str())
+                    };
+                    field("port") == Some(&port.to_string())
+                        && field("flags") == Some("slave")
+                        && field("master-link-status") == Some("ok")
+                });
+                if !healthy {
+                    return Err(format!(
+                        "sentinel {} does not list port {port} as a healthy replica: \
+                         {replicas:?}",
+                        sentinel.port()
+                    ));
+                }
+            }
+            Ok(())
+        });
     }
 
     /// Waits until every sentinel names a primary other than the one on `old_port`, and
@@ -144,7 +215,7 @@ impl Sentinels {
 
     /// Why the deployment is not formed yet, if it is not.
     fn formed(&self) -> Result<(), String> {
-        let replica = self.servers[1].as_ref().expect("the replica is alive");
+        let replica = &self.servers[1];
         let replication: String = query(replica, &["INFO", "replication"])?;
         if !replication.contains("master_link_status:up") {
             return Err("the replica is not in sync".into());
@@ -180,7 +251,13 @@ impl Sentinels {
     }
 
     fn live_servers(&self) -> impl Iterator<Item = &RedisServer> {
-        self.servers.iter().flatten()
+        (self.servers.iter()).filter(|server| !self.down.contains(&server.port()))
+    }
+
+    fn server_mut(&mut self, port: u16) -> &mut RedisServer {
+        (self.servers.iter_mut())
+            .find(|server| server.port() == port)
+            .unwrap_or_else(|| panic!("no data server on port {port}"))
     }
 
     fn server_on(&self, port: u16) -> &RedisServer {

@@ -14,15 +14,27 @@
 //! exchange, which makes the backend drop the connection; the next request opens a new one,
 //! which finds the current primary.
 //!
+//! **A connection quiet for a while is checked before it carries a call.** A connection the
+//! server closed while it carried nothing (the server restarted, a replica restarted before
+//! a failover promoted it, an idle timeout) fails the next call sent on it, and that failure
+//! cannot be told from one of a call that may have run. So a [`KeptConnection`] that has
+//! carried nothing for [`QUIET`] is first asked a PING (bounded by the connect timeout), and a
+//! dead one is replaced before any call goes out. A busy connection is never checked.
+//!
 //! **Credentials.** `username` / `password` from the settings replace the URL's, so a
 //! password can come from a Kubernetes Secret instead of the URL. The password is never
 //! printed: [`Password`] and [`RedisOptions`]' `Debug` redact it, and so does every error
 //! message that names a URL ([`redact`]).
 
 use std::fmt;
+use std::future::Future;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use super::RedisOptions;
+use tokio::time::Instant;
+
+use super::{RedisOptions, lock};
 use crate::backend::BackendError;
 use deadpool_redis::redis::aio::{ConnectionLike, MultiplexedConnection};
 use deadpool_redis::redis::io::tcp::TcpSettings;
@@ -215,6 +227,100 @@ impl Sentinel {
             ))),
             Err(_) => Err(BackendError::NotReady(bound)),
         }
+    }
+}
+
+/// How long a connection may carry nothing before it is checked ahead of its next call.
+/// Closing an idle connection is what a restart, or Redis' `timeout`, does; a second is far
+/// shorter than either takes to matter, and far longer than a busy connection is ever quiet.
+pub(super) const QUIET: Duration = Duration::from_secs(1);
+
+/// The one connection a lane or a cluster node keeps: opened when first needed (one opening
+/// at a time), dropped when an exchange on it fails, and checked with a PING when it has been
+/// quiet for [`QUIET`] (the module's comment says why).
+pub(super) struct KeptConnection<C> {
+    current: Mutex<Option<C>>,
+    /// Held while a connection is opened or checked, so concurrent callers wait for one.
+    opening: tokio::sync::Mutex<()>,
+    /// When the current connection last began or finished an exchange: µs after `epoch`.
+    used: AtomicU64,
+    epoch: Instant,
+    /// Bound on the check's PING.
+    check_timeout: Duration,
+}
+
+impl<C: ConnectionLike + Clone + Send> KeptConnection<C> {
+    /// None open yet; a check waits at most `check_timeout` for its PONG.
+    pub fn new(check_timeout: Duration) -> Self {
+        KeptConnection {
+            current: Mutex::new(None),
+            opening: tokio::sync::Mutex::new(()),
+            used: AtomicU64::new(0),
+            epoch: Instant::now(),
+            check_timeout,
+        }
+    }
+
+    /// The connection to send on: the current one, checked first if it has been quiet, or
+    /// a new one from `open`.
+    pub async fn get<F>(&self, open: impl FnOnce() -> F) -> Result<C, BackendError>
+    where
+        F: Future<Output = Result<C, BackendError>>,
+    {
+        if let Some(connection) = self.busy() {
+            return Ok(connection);
+        }
+        let _opening = self.opening.lock().await;
+        if let Some(connection) = self.busy() {
+            return Ok(connection);
+        }
+        let quiet = lock(&self.current).clone();
+        if let Some(mut connection) = quiet {
+            if answers(&mut connection, self.check_timeout).await {
+                self.used();
+                return Ok(connection);
+            }
+            self.drop_current();
+        }
+        let connection = open().await?;
+        *lock(&self.current) = Some(connection.clone());
+        self.used();
+        Ok(connection)
+    }
+
+    /// An exchange on the connection finished with an answer.
+    pub fn used(&self) {
+        let micros = self.epoch.elapsed().as_micros();
+        self.used
+            .store(u64::try_from(micros).unwrap_or(u64::MAX), Ordering::Relaxed);
+    }
+
+    /// An exchange on the connection failed: the next call opens another.
+    pub fn drop_current(&self) {
+        *lock(&self.current) = None;
+    }
+
+    /// The current connection, if it is not quiet (it is marked used).
+    fn busy(&self) -> Option<C> {
+        let connection = lock(&self.current).clone()?;
+        let used = Duration::from_micros(self.used.load(Ordering::Relaxed));
+        if self.epoch.elapsed().saturating_sub(used) >= QUIET {
+            return None;
+        }
+        self.used();
+        Some(connection)
+    }
+}
+
+/// Whether the server answers a PING on `connection` (any reply, an error included, means
+/// the connection is alive) within `bound`.
+async fn answers<C: ConnectionLike + Send>(connection: &mut C, bound: Duration) -> bool {
+    let ping = redis::cmd("PING");
+    let reply = tokio::time::timeout(bound, ping.query_async::<Value>(connection)).await;
+    match reply {
+        Ok(Ok(_)) => true,
+        Ok(Err(error)) => matches!(error.kind(), ErrorKind::Server(_)),
+        Err(_) => false,
     }
 }
 

@@ -2,8 +2,8 @@
 //! names): `pool_size` long-lived multiplexed connections, each with its queue in front
 //! (`batcher.rs`), handed requests round-robin.
 
+use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use deadpool_redis::redis;
@@ -11,10 +11,10 @@ use futures_util::future::BoxFuture;
 use tokio::time::Instant;
 
 use super::batcher::{Lane, Link, Shared};
-use super::connect::{PrimaryConnection, Source, redact};
+use super::connect::{KeptConnection, PrimaryConnection, Source, redact};
 use super::deadline::RedisClock;
 use super::script::{self, Mode, Scripts, Target};
-use super::{RedisOptions, load_scripts, lock, request_deadline, unavailable};
+use super::{RedisOptions, load_scripts, request_deadline, unavailable};
 use crate::backend::{BackendError, CounterHit};
 use crate::clock::Clock;
 use crate::limiter::{Decision, Limit};
@@ -34,19 +34,22 @@ pub struct RedisBackend {
 /// source when there is none.
 struct ServerLink {
     source: Arc<Source>,
-    connection: Mutex<Option<PrimaryConnection>>,
+    connection: KeptConnection<PrimaryConnection>,
     /// The settings' URL, without credentials.
     name: String,
 }
 
 impl ServerLink {
     async fn connection(&self) -> Result<PrimaryConnection, BackendError> {
-        if let Some(connection) = lock(&self.connection).clone() {
-            return Ok(connection);
+        self.connection.get(|| self.source.connect()).await
+    }
+
+    /// `result` of an exchange: an answer marks the connection used.
+    fn answered<T>(&self, result: Result<T, BackendError>) -> Result<T, BackendError> {
+        if result.is_ok() {
+            self.connection.used();
         }
-        let connection = self.source.connect().await?;
-        *lock(&self.connection) = Some(connection.clone());
-        Ok(connection)
+        result
     }
 }
 
@@ -59,15 +62,21 @@ impl Link for ServerLink {
         &'a self,
         command: &'a redis::Cmd,
     ) -> BoxFuture<'a, Result<redis::Value, BackendError>> {
-        Box::pin(async move { query_one(&mut self.connection().await?, command).await })
+        Box::pin(async move {
+            let reply = query_one(&mut self.connection().await?, command).await;
+            self.answered(reply)
+        })
     }
 
     fn load_scripts<'a>(&'a self, scripts: &'a Scripts) -> BoxFuture<'a, Result<(), BackendError>> {
-        Box::pin(async move { load_scripts(&mut self.connection().await?, scripts).await })
+        Box::pin(async move {
+            let loaded = load_scripts(&mut self.connection().await?, scripts).await;
+            self.answered(loaded)
+        })
     }
 
     fn reset(&self) {
-        *lock(&self.connection) = None;
+        self.connection.drop_current();
     }
 
     fn name(&self) -> &str {
@@ -104,7 +113,7 @@ impl RedisBackend {
         });
         let link = || ServerLink {
             source: source.clone(),
-            connection: Mutex::new(None),
+            connection: KeptConnection::new(options.connect_timeout),
             name: redact(&options.url),
         };
         // Every lane talks to one server, so they share what they learn of its clock.

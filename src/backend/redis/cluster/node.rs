@@ -2,7 +2,7 @@
 //! an exchange on it fails, opened again by the next call. Nothing is shared between nodes,
 //! so a node that dies, restarts or leaves the cluster touches only the calls sent to it.
 
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use deadpool_redis::redis;
@@ -13,10 +13,10 @@ use redis::{ConnectionAddr, ConnectionInfo, Value};
 use crate::backend::BackendError;
 
 use super::super::batcher::Link;
-use super::super::connect::{connection_info, exchanges, redact, with_credentials};
+use super::super::connect::{KeptConnection, connection_info, exchanges, redact, with_credentials};
 use super::super::script::{Scripts, Target};
 use super::super::slots::Node;
-use super::super::{RedisOptions, load_scripts, lock, unavailable};
+use super::super::{RedisOptions, load_scripts, unavailable};
 
 /// How to open a connection to any node: the first seed's scheme (TLS or not), the
 /// credentials and the TLS files, with the node's address.
@@ -99,9 +99,7 @@ pub(in crate::backend::redis) struct NodeConnection {
     node: Node,
     name: String,
     connector: Arc<NodeConnector>,
-    current: Mutex<Option<MultiplexedConnection>>,
-    /// Held while a connection is opened, so concurrent callers open one, not one each.
-    opening: tokio::sync::Mutex<()>,
+    connection: KeptConnection<MultiplexedConnection>,
 }
 
 impl NodeConnection {
@@ -109,9 +107,8 @@ impl NodeConnection {
         NodeConnection {
             name: node.to_string(),
             node,
+            connection: KeptConnection::new(connector.connect_timeout),
             connector,
-            current: Mutex::new(None),
-            opening: tokio::sync::Mutex::new(()),
         }
     }
 
@@ -119,23 +116,16 @@ impl NodeConnection {
         &self.node
     }
 
-    /// The open connection, or a new one.
+    /// The open connection (checked if it has been quiet), or a new one.
     pub async fn get(&self) -> Result<MultiplexedConnection, BackendError> {
-        if let Some(connection) = lock(&self.current).clone() {
-            return Ok(connection);
-        }
-        let _opening = self.opening.lock().await;
-        if let Some(connection) = lock(&self.current).clone() {
-            return Ok(connection);
-        }
-        let connection = self.connector.connect(&self.node).await?;
-        *lock(&self.current) = Some(connection.clone());
-        Ok(connection)
+        (self.connection)
+            .get(|| self.connector.connect(&self.node))
+            .await
     }
 
     /// The connection failed an exchange: the next call opens another.
     pub fn drop_current(&self) {
-        *lock(&self.current) = None;
+        self.connection.drop_current();
     }
 
     /// Sends `pipe`; error replies come back as values. A failed exchange drops the
@@ -143,10 +133,16 @@ impl NodeConnection {
     pub async fn send(&self, pipe: &redis::Pipeline) -> Result<Vec<Value>, BackendError> {
         let mut connection = self.get().await?;
         let sent: redis::RedisResult<Vec<Value>> = pipe.query_async(&mut connection).await;
-        sent.map_err(|error| {
-            self.drop_current();
-            unavailable(error)
-        })
+        match sent {
+            Ok(replies) => {
+                self.connection.used();
+                Ok(replies)
+            }
+            Err(error) => {
+                self.drop_current();
+                Err(unavailable(error))
+            }
+        }
     }
 
     /// One command; its error reply as a value.
@@ -164,8 +160,9 @@ impl NodeConnection {
     pub async fn load_scripts(&self, scripts: &Scripts) -> Result<(), BackendError> {
         let mut connection = self.get().await?;
         let loaded = load_scripts(&mut connection, scripts).await;
-        if loaded.is_err() {
-            self.drop_current();
+        match loaded {
+            Ok(()) => self.connection.used(),
+            Err(_) => self.drop_current(),
         }
         loaded
     }
