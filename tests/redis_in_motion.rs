@@ -44,9 +44,11 @@ fn homes(cluster: &RedisCluster, answers: &[Answer]) -> BTreeMap<(usize, Counter
 }
 
 /// The loss of a primary (its replica took over as `replacement`, the cluster whole at
-/// `whole`): nothing failed on the other primaries, nothing on the lost one sent more than
-/// [`MARGIN`] after `whole`, and no counter admitted more than its limit, but those on the
-/// lost primary and those of the `lossy` generations (live during a forced failover), 2 more.
+/// `whole`): of the answers that came after the kill, nothing failed on the other primaries
+/// and nothing on the lost one sent more than [`MARGIN`] after `whole`; and no counter
+/// admitted more than its limit, but those on the lost primary and those of the `lossy`
+/// generations (live during a forced failover), 2 more. (Failures before the kill belong to
+/// the changes made before it, which the callers tally.)
 fn assert_lost_only_its_own(
     cluster: &RedisCluster,
     answers: &[Answer],
@@ -54,7 +56,8 @@ fn assert_lost_only_its_own(
     lossy: &BTreeSet<usize>,
 ) {
     let homes = homes(cluster, answers);
-    let failures = (answers.iter()).filter(|answer| matches!(answer.outcome, Outcome::Failed(_)));
+    let failures = (answers.iter())
+        .filter(|answer| answer.answered >= killed && matches!(answer.outcome, Outcome::Failed(_)));
     let mut elsewhere = Vec::new();
     let mut late = Vec::new();
     let mut on_lost = 0;
@@ -69,6 +72,7 @@ fn assert_lost_only_its_own(
         }
     }
     let last = (answers.iter())
+        .filter(|answer| answer.answered >= killed)
         .filter(|answer| matches!(answer.outcome, Outcome::Failed(_)))
         .map(|answer| answer.sent)
         .max();

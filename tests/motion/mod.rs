@@ -235,10 +235,12 @@ impl Traffic {
         let last = self.generation.load(Ordering::Relaxed);
         let deadline = Instant::now() + Duration::from_secs(120);
         while self.generation.load(Ordering::Relaxed) == last {
-            assert!(
-                Instant::now() < deadline,
-                "generation {last} was not exhausted within 120 s"
-            );
+            if Instant::now() > deadline {
+                panic!(
+                    "generation {last} was not exhausted within 120 s: {}",
+                    self.unexhausted(last)
+                );
+            }
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
         self.stop.store(true, Ordering::Relaxed);
@@ -252,6 +254,45 @@ impl Traffic {
             .into_iter()
             .filter(|answer| answer.generation < finished)
             .collect()
+    }
+}
+
+impl Traffic {
+    /// The counters of `generation` that have not rejected a hit yet, each with its last
+    /// answer, and the end of each server's log: why a generation is not exhausted.
+    fn unexhausted(&self, generation: usize) -> String {
+        let answers = self.answers.lock().expect("not poisoned");
+        let mut last = BTreeMap::new();
+        let mut rejected = BTreeSet::new();
+        for answer in answers
+            .iter()
+            .filter(|answer| answer.generation == generation)
+        {
+            if answer.outcome == Outcome::Rejected {
+                rejected.insert(answer.counter);
+            }
+            last.insert(answer.counter, answer.outcome.clone());
+        }
+        let waiting: Vec<String> = counters()
+            .filter(|counter| !rejected.contains(counter))
+            .map(|counter| {
+                let name = format!("{}={}", ALGORITHMS[counter.0], value(generation, counter));
+                format!("{name}: {:?}", last.get(&counter))
+            })
+            .collect();
+        let logs: Vec<String> = (self._servers.iter())
+            .map(|server| {
+                let log = server.stderr();
+                let tail: Vec<&str> = log.lines().rev().take(20).collect();
+                tail.into_iter().rev().collect::<Vec<_>>().join("\n")
+            })
+            .collect();
+        format!(
+            "{} counters waiting, {:?}\n--- server logs ---\n{}",
+            waiting.len(),
+            &waiting[..waiting.len().min(10)],
+            logs.join("\n---\n")
+        )
     }
 }
 
