@@ -1,8 +1,9 @@
 //! What floodgate knows of a Redis Cluster: the slot map, a connection per node, and per
 //! primary its lane and its circuit breaker.
 //!
-//! **The map follows the cluster.** It is read (`CLUSTER SLOTS`) from every node it names and
-//! every seed at once, the first answer taken, so a dead or unreachable node delays nothing.
+//! **The map follows the cluster.** It is read (`CLUSTER SLOTS`) from every primary it names
+//! at once, the first answer taken, so a dead or unreachable node delays nothing; from the
+//! replicas and seeds only when no primary answers (they learn a moved slot later).
 //! It is read again, in the background and at most once per [`REREAD`], whenever a call finds
 //! it stale or a primary fails, and while any primary's breaker is open: a primary lost and
 //! replaced by its replica is known as replaced within [`REREAD`] of the cluster saying so.
@@ -209,7 +210,10 @@ impl Topology {
         }
         *last = Some(Instant::now());
         if let Some(first) = first
-            && self.read_from(&first).await.is_ok()
+            && self
+                .read_first_of(std::slice::from_ref(&first))
+                .await
+                .is_ok()
         {
             return;
         }
@@ -218,32 +222,38 @@ impl Topology {
         }
     }
 
-    /// Asks `node` alone for the map, within the command timeout, and puts its answer in
-    /// force.
-    async fn read_from(&self, node: &Node) -> Result<(), BackendError> {
-        let connection = self.connection(node);
-        let command = redis::cmd("CLUSTER").arg("SLOTS").clone();
-        let bound = self.shared.command_timeout;
-        let reply = (tokio::time::timeout(bound, connection.query(&command)).await)
-            .unwrap_or(Err(BackendError::Timeout(bound)))?;
-        let map = SlotMap::from_cluster_slots(&reply, node).map_err(BackendError::Protocol)?;
-        self.install(map);
-        Ok(())
-    }
-
-    /// Asks every node the map names and every seed for the map at once, each within the
-    /// connect and command timeouts, and puts the first answer in force.
+    /// Asks the primaries the map names for the map at once, and puts the first answer in
+    /// force; if none answers, asks the other nodes it names and the seeds the same way. Each
+    /// is asked within the connect and command timeouts, so a dead node delays nothing.
+    ///
+    /// Primaries first: `redis-cli --cluster` tells every primary a slot's new owner as it
+    /// moves the slot, where replicas learn it a moment later by gossip, and a view that old
+    /// put in force would send calls to a node that gave the slot away (or left the cluster).
     async fn read(&self) -> Result<(), BackendError> {
-        let mut candidates: Vec<Node> = (self.map().iter())
+        let map = self.map();
+        let primaries: Vec<Node> = (map.iter())
+            .flat_map(|map| map.primaries().to_vec())
+            .collect();
+        let mut others: Vec<Node> = (map.iter())
             .flat_map(|map| map.members().cloned().collect::<Vec<_>>())
+            .filter(|node| !primaries.contains(node))
             .collect();
         for seed in &self.seeds {
-            if !candidates.contains(seed) {
-                candidates.push(seed.clone());
+            if !primaries.contains(seed) && !others.contains(seed) {
+                others.push(seed.clone());
             }
         }
+        match self.read_first_of(&primaries).await {
+            Ok(()) => Ok(()),
+            Err(error) if others.is_empty() => Err(error),
+            Err(_) => self.read_first_of(&others).await,
+        }
+    }
+
+    /// Asks every node of `nodes` for the map at once and puts the first answer in force.
+    async fn read_first_of(&self, nodes: &[Node]) -> Result<(), BackendError> {
         let bound = self.shared.connect_timeout + self.shared.command_timeout;
-        let mut asked: FuturesUnordered<_> = (candidates.iter())
+        let mut asked: FuturesUnordered<_> = (nodes.iter())
             .map(|node| {
                 let connection = self.connection(node);
                 async move {
