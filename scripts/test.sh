@@ -114,3 +114,8 @@ fi
 echo "== Packages from a clean clone (crate, sdist and wheels, npm tarball)"
 .venv/bin/pip install -q build
 .venv/bin/python -m pytest -q tests/packaging
+
+# Skipped unless LIMITADOR_BIN names Limitador's server, or FLOODGATE_VERSUS=1 has it built
+# from ../shared/peers (12-22 minutes on 2 cores; CI's run sets it).
+echo "== floodgate beside Limitador (scripts/versus.sh for a second a point)"
+.venv/bin/python -m pytest -q -rs tests/versus

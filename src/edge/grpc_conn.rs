@@ -17,13 +17,19 @@
 
 use std::convert::Infallible;
 use std::future::Future;
-use std::pin::pin;
+use std::pin::{Pin, pin};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::task::{Context, Poll, Wake, Waker};
 use std::time::Duration;
+
+use futures_util::task::AtomicWaker;
 
 use hyper::body::Incoming;
 use hyper::server::conn::http2;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::service::TowerToHyperService;
+use tokio::runtime::Handle;
 use tokio::sync::watch;
 use tokio::time::{Instant, sleep_until};
 
@@ -144,7 +150,8 @@ async fn serve_connection<S: CallService>(
     // A C-core client's Unix-socket authority, which h2 refuses, is mended on the way in.
     let unix = io.is_unix();
     let io = UnixAuthority::new(io, unix);
-    let mut connection = pin!(builder.serve_connection(TokioIo::new(io), service));
+    let connection = builder.serve_connection(TokioIo::new(io), service);
+    let mut connection = pin!(WakesInTurn::new(connection));
     let mut retire = pin!(sleep_until_or_never(retire_at));
     let mut closes_at = pin!(sleep_until_or_never(None));
     let mut goaway_sent = false;
@@ -158,14 +165,14 @@ async fn serve_connection<S: CallService>(
             }
             () = retire.as_mut(), if !goaway_sent => {
                 tracing::debug!("retiring a gRPC connection at its max age");
-                connection.as_mut().graceful_shutdown();
+                connection.as_mut().get_pin_mut().graceful_shutdown();
                 goaway_sent = true;
                 if let Some(grace) = grace {
                     closes_at.set(sleep_until_or_never(Some(Instant::now() + grace)));
                 }
             }
             _ = draining.wait_for(|drain| *drain), if !goaway_sent => {
-                connection.as_mut().graceful_shutdown();
+                connection.as_mut().get_pin_mut().graceful_shutdown();
                 goaway_sent = true;
             }
             () = closes_at.as_mut() => {
@@ -173,6 +180,81 @@ async fn serve_connection<S: CallService>(
                 break;
             }
         }
+    }
+}
+
+/// A connection whose wake-ups wait their turn in the runtime's queue.
+///
+/// hyper runs each stream in a task of its own, and a stream that answers wakes its
+/// connection's task to write the answer. tokio runs a task woken by the running one next
+/// (its LIFO slot), so the connection wrote every answer alone, one frame and one system call
+/// each, between every two streams. Here a wake-up is a task spawned at the back of the
+/// queue, and the wake-ups that come before it runs are one: the connection runs once the
+/// streams queued before it have answered, and writes their answers together (20–25% more
+/// decisions per second on the memory backend, docs/performance.md). The streams keep the
+/// slot: a body's bytes are read, and charged to the body budget (`grpc_body.rs`), as soon as
+/// the connection has them.
+struct WakesInTurn<F> {
+    inner: F,
+    waker: Arc<InTurn>,
+}
+
+/// The wake-up a [`WakesInTurn`] connection hands out.
+struct InTurn {
+    /// The connection's own task.
+    task: AtomicWaker,
+    /// A wake-up is on its way.
+    pending: AtomicBool,
+    runtime: Handle,
+}
+
+impl<F> WakesInTurn<F> {
+    fn new(inner: F) -> Self {
+        WakesInTurn {
+            inner,
+            waker: Arc::new(InTurn {
+                task: AtomicWaker::new(),
+                pending: AtomicBool::new(false),
+                runtime: Handle::current(),
+            }),
+        }
+    }
+}
+
+impl<F: Future + Unpin> Future for WakesInTurn<F> {
+    type Output = F::Output;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<F::Output> {
+        self.waker.task.register(cx.waker());
+        let waker = Waker::from(self.waker.clone());
+        Pin::new(&mut self.inner).poll(&mut Context::from_waker(&waker))
+    }
+}
+
+impl Wake for InTurn {
+    fn wake(self: Arc<Self>) {
+        self.wake_by_ref();
+    }
+
+    fn wake_by_ref(self: &Arc<Self>) {
+        if self.pending.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        let this = self.clone();
+        self.runtime.spawn(async move {
+            this.pending.store(false, Ordering::Release);
+            this.task.wake();
+        });
+    }
+}
+
+impl<F> WakesInTurn<F> {
+    /// The connection inside, to be told to shut down.
+    fn get_pin_mut(self: Pin<&mut Self>) -> Pin<&mut F>
+    where
+        F: Unpin,
+    {
+        Pin::new(&mut self.get_mut().inner)
     }
 }
 
@@ -187,6 +269,38 @@ async fn sleep_until_or_never(at: Option<Instant>) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Counts its wake-ups.
+    struct Counting(std::sync::atomic::AtomicUsize);
+
+    impl Wake for Counting {
+        fn wake(self: Arc<Self>) {
+            self.0.fetch_add(1, Ordering::SeqCst);
+        }
+    }
+
+    #[tokio::test]
+    async fn a_connections_wake_ups_come_later_and_as_one() {
+        let task = Arc::new(Counting(0.into()));
+        let in_turn = Arc::new(InTurn {
+            task: AtomicWaker::new(),
+            pending: AtomicBool::new(false),
+            runtime: Handle::current(),
+        });
+        in_turn.task.register(&Waker::from(task.clone()));
+        for _ in 0..3 {
+            in_turn.wake_by_ref();
+        }
+        assert_eq!(task.0.load(Ordering::SeqCst), 0, "not at once");
+        tokio::task::yield_now().await;
+        tokio::task::yield_now().await;
+        assert_eq!(task.0.load(Ordering::SeqCst), 1, "three wake-ups, one wake");
+        in_turn.task.register(&Waker::from(task.clone()));
+        in_turn.wake_by_ref();
+        tokio::task::yield_now().await;
+        tokio::task::yield_now().await;
+        assert_eq!(task.0.load(Ordering::SeqCst), 2, "and the next is another");
+    }
 
     #[test]
     fn ages_stray_at_most_a_tenth_either_way_and_do_stray() {

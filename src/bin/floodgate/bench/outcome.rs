@@ -194,6 +194,7 @@ const OTHER_KINDS: &str = "(other kinds of failure)";
 
 impl Failures {
     fn add(&mut self, failure: String, count: u64) {
+        let failure = without_figures(&failure);
         if self.0.len() >= FAILURE_KINDS && !self.0.contains_key(&failure) {
             *self.0.entry(OTHER_KINDS.to_owned()).or_default() += count;
         } else {
@@ -212,6 +213,23 @@ impl Failures {
     }
 }
 
+/// `text` with every number (a duration's `39.8ms`, a count) shown as `N`: failures that
+/// differ only in their figures are one kind.
+fn without_figures(text: &str) -> String {
+    let mut kind = String::with_capacity(text.len());
+    let mut in_number = false;
+    for c in text.chars() {
+        let figure = c.is_ascii_digit() || (in_number && c == '.');
+        if figure && !in_number {
+            kind.push('N');
+        } else if !figure {
+            kind.push(c);
+        }
+        in_number = figure;
+    }
+    kind
+}
+
 /// Whole microseconds, saturating (a u32 holds over an hour).
 fn micros(duration: Duration) -> u32 {
     u32::try_from(duration.as_micros()).unwrap_or(u32::MAX)
@@ -226,6 +244,17 @@ mod tests {
             overall_code: code as i32,
             ..Default::default()
         })
+    }
+
+    #[test]
+    fn failures_that_differ_in_their_figures_are_one_kind() {
+        let mut failures = Failures::default();
+        failures.add("no turn within 39.8ms; 2 sent".into(), 1);
+        failures.add("no turn within 40.125ms; 17 sent".into(), 2);
+        assert_eq!(
+            failures.most_common(2),
+            [("no turn within Nms; N sent".to_owned(), 3)]
+        );
     }
 
     #[test]
@@ -346,13 +375,15 @@ mod tests {
     #[test]
     fn failures_beyond_the_kinds_kept_are_counted_together() {
         let mut failures = Failures::default();
+        // Kinds told apart by their words (figures alone would make them one kind).
+        let name = |kind: usize| format!("kind {}", "x".repeat(kind + 1));
         for kind in 0..FAILURE_KINDS + 5 {
-            failures.add(format!("kind {kind}"), 10);
+            failures.add(name(kind), 10);
         }
-        failures.add("kind 0".into(), 1);
+        failures.add(name(0), 1);
         let most_common = failures.most_common(2);
         assert_eq!(most_common[0], (OTHER_KINDS.to_owned(), 50));
-        assert_eq!(most_common[1], ("kind 0".to_owned(), 11));
+        assert_eq!(most_common[1], (name(0), 11));
     }
 
     #[test]
