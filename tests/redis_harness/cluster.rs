@@ -74,9 +74,29 @@ struct NodeView {
     slots: Vec<(u16, u16)>,
 }
 
+/// A node's place in the cluster: whether it is a primary, whose replica it is, what it
+/// serves.
+#[derive(Debug, PartialEq, Eq, PartialOrd, Ord)]
+struct Seat {
+    port: u16,
+    is_primary: bool,
+    primary: Option<String>,
+    slots: Vec<(u16, u16)>,
+}
+
 impl NodeView {
     fn is_primary(&self) -> bool {
         self.flags.iter().any(|flag| flag == "master")
+    }
+
+    /// Its place in the cluster, as every node should come to see it.
+    fn seat(&self) -> Seat {
+        Seat {
+            port: self.port,
+            is_primary: self.is_primary(),
+            primary: self.primary.clone(),
+            slots: self.slots.clone(),
+        }
     }
 
     fn is_failing(&self) -> bool {
@@ -418,7 +438,8 @@ impl RedisCluster {
     }
 
     /// Polls every live node until the cluster is whole: state ok, all slots served by live
-    /// primaries, replicas in sync, and one view of who serves what on every node.
+    /// primaries, replicas in sync, and one view of who serves what and who replicates whom on
+    /// every node.
     pub fn wait_until_ok(&self, what: &str, bound: Duration) {
         let deadline = Instant::now() + bound;
         loop {
@@ -458,11 +479,9 @@ impl RedisCluster {
                 }
                 return Err(format!("{node:?} sees {other_node:?} as {:?}", other.flags));
             }
-            let mut assignment: Vec<(u16, Vec<(u16, u16)>)> = view
-                .iter()
-                .filter(|other| other.is_primary() && !other.slots.is_empty())
-                .map(|other| (other.port, other.slots.clone()))
-                .collect();
+            // Who serves what and who replicates whom: a demoted primary is listed as a
+            // slot-less primary until gossip tells each node it is a replica now.
+            let mut assignment: Vec<Seat> = view.iter().map(NodeView::seat).collect();
             assignment.sort();
             assignments.push(assignment);
             let me = view
@@ -477,7 +496,7 @@ impl RedisCluster {
             }
         }
         if assignments.windows(2).any(|pair| pair[0] != pair[1]) {
-            return Err(format!("nodes disagree on slots: {assignments:?}"));
+            return Err(format!("nodes disagree on roles or slots: {assignments:?}"));
         }
         Ok(())
     }
