@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The README's performance figures: a release server with benches/rules, loaded by
-# `floodgate bench` over real gRPC on loopback.
-#   scripts/bench.sh [extra `floodgate bench` flags, e.g. --descriptors 5]
+# `floodgate-bench` over real gRPC on loopback.
+#   scripts/bench.sh [extra `floodgate-bench` flags, e.g. --descriptors 5]
 #   BACKEND=redis scripts/bench.sh           # against a redis-server the script starts
 #   BACKEND=redis-cluster scripts/bench.sh   # against a 3-primary cluster it starts
 #
@@ -54,6 +54,7 @@ esac
 
 cargo build --release --quiet
 bin=target/release/floodgate
+loadgen=target/release/floodgate-bench
 server_bin=${SERVER_BIN:-$bin}
 pids=()
 trap 'for p in "${pids[@]}"; do kill "$p" 2>/dev/null; done; wait 2>/dev/null || true' EXIT
@@ -124,7 +125,7 @@ until curl -sf "http://127.0.0.1:$http_port/readyz" >/dev/null 2>&1; do sleep 0.
 
 # One run against the server; the flags given, then the script's extra flags.
 bench() {
-    "${pin_loadgen[@]}" "$bin" bench --addr "http://127.0.0.1:$grpc_port" --keys 10000 \
+    "${pin_loadgen[@]}" "$loadgen" --addr "http://127.0.0.1:$grpc_port" --keys 10000 \
         --duration "$duration" --warmup "$warmup" --server-pid "$server" "${redis_flags[@]}" \
         "$@" "${extra[@]}"
 }

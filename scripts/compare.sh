@@ -2,10 +2,10 @@
 # Several server binaries under one load, one after the other against one redis-server, with
 # one load generator: the README's before/after rows (ratios are only worth comparing within
 # one run of this script).
-#   scripts/compare.sh BACKEND BIN [BIN…] [-- floodgate bench flags]
+#   scripts/compare.sh BACKEND BIN [BIN…] [-- floodgate-bench flags]
 #   scripts/compare.sh redis /tmp/floodgate-before target/release/floodgate -- --concurrency 256 --connections 16
 # BACKEND is memory, redis, or redis-cluster (three primaries, no replicas, on REDIS_PORT and
-# the two ports after it). Each row: the binary, then `floodgate bench --format tsv`'s
+# the two ports after it). Each row: the binary, then `floodgate-bench --format tsv`'s
 # columns (decided/s, shed/s, unavailable/s, p50/p99/p999, CPU µs per decision of server,
 # Redis and load generator, Redis commands per decision). DURATION (6) and WARMUP (2) set
 # each run's length; PORT_BASE (18000) and REDIS_PORT (16379) its ports.
@@ -29,7 +29,7 @@ esac
 [ ${#bins[@]} -gt 0 ] || { echo "name at least one server binary" >&2; exit 2; }
 
 cargo build --release --quiet
-loadgen=target/release/floodgate
+loadgen=target/release/floodgate-bench
 port_base=${PORT_BASE:-18000}
 http_port=$((port_base + 80))
 grpc_port=$((port_base + 81))
@@ -83,7 +83,7 @@ for bin in "${bins[@]}"; do
     until curl -sf "http://127.0.0.1:$http_port/readyz" >/dev/null 2>&1; do sleep 0.05; done
     flags=(--format tsv)
     [ $header = 1 ] || flags+=(--no-header)
-    "$loadgen" bench --addr "http://127.0.0.1:$grpc_port" --duration "${DURATION:-6}" \
+    "$loadgen" --addr "http://127.0.0.1:$grpc_port" --duration "${DURATION:-6}" \
         --warmup "${WARMUP:-2}" --server-pid "$server" "${redis_flags[@]}" "${flags[@]}" "$@" \
         2>/dev/null | awk -v bin="$bin" -v first=$header 'NR == 1 && first { print "binary\t" $0; next } { print bin "\t" $0 }'
     header=0

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # floodgate beside Limitador (the Rust peer that speaks Envoy's RLS), in one run: both servers
-# built from source, equivalent rules, the same load generator (`floodgate bench`), the same
+# built from source, equivalent rules, the same load generator (`floodgate-bench`), the same
 # Redis, the same cores, alternating. docs/performance.md shows its tables.
 #   scripts/versus.sh                  # the whole matrix; TSV in $OUT, ratios on stdout
 #   CORES=2 BACKENDS=memory DESCRIPTORS=1 REPS=1 DURATION=2 scripts/versus.sh
@@ -28,10 +28,10 @@
 #
 # Binaries: FLOODGATE_BIN (default: this tree's release build), LIMITADOR_BIN (default: built
 # by ../shared/tools/build-limitador, 12-22 minutes on 2 cores the first time), LOADGEN_BIN
-# (the load generator, default: this tree's release build). Ports:
+# (the load generator, default: this tree's release build of floodgate-bench). Ports:
 # PORT_BASE (default 19000: floodgate's gRPC +1 and HTTP +2, Limitador's +3 and +4),
 # REDIS_PORT (default 19379). Output: every run as one TSV row in OUT (default
-# /tmp/versus.tsv): server, cores, backend, then `floodgate bench --format tsv`'s columns;
+# /tmp/versus.tsv): server, cores, backend, then `floodgate-bench --format tsv`'s columns;
 # then the ratios of medians, floodgate over Limitador, one line per point.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -51,7 +51,7 @@ if [ -z "${FLOODGATE_BIN:-}" ] || [ -z "${LOADGEN_BIN:-}" ]; then
     cargo build --release --quiet
 fi
 FLOODGATE_BIN=${FLOODGATE_BIN:-target/release/floodgate}
-loadgen=${LOADGEN_BIN:-target/release/floodgate}
+loadgen=${LOADGEN_BIN:-target/release/floodgate-bench}
 limitador=${LIMITADOR_BIN:-$(../shared/tools/build-limitador)}
 machine_cores=$(nproc)
 
@@ -142,7 +142,7 @@ load() {
     [ -z "$redis_pid" ] || redis_flags=(--redis-pid "$redis_pid" --redis-addr "127.0.0.1:$redis_port")
     local rows
     # shellcheck disable=SC2046
-    rows=$($(pinned "$loadgen_cpus") "$loadgen" bench --addr "$server_addr" --keys 10000 \
+    rows=$($(pinned "$loadgen_cpus") "$loadgen" --addr "$server_addr" --keys 10000 \
         --duration "$duration" --warmup "$warmup" --server-pid "$server_pid" \
         "${redis_flags[@]}" --format tsv "$@")
     [ -s "$out" ] || printf 'server\tcores\tbackend\t%s\n' "$(head -n 1 <<<"$rows")" >"$out"
@@ -150,7 +150,7 @@ load() {
 }
 
 # REPS rounds of both servers at one point (which goes first alternates), each started
-# afresh and given every load named: the flags of one `floodgate bench` run each.
+# afresh and given every load named: the flags of one `floodgate-bench` run each.
 alternate() {
     local backend=$1 count=$2
     shift 2

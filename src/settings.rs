@@ -799,13 +799,21 @@ impl Settings {
         }
         let mut settings: Settings = layers.clone().try_deserialize()?;
         settings.redis = layers.try_deserialize()?;
-        if !(0.0..=1.0).contains(&settings.near_limit_ratio) {
+        settings.check()?;
+        Ok(settings)
+    }
+}
+
+impl Settings {
+    /// What no one setting's type says: the ranges and combinations that make no sense.
+    fn check(&self) -> Result<(), config::ConfigError> {
+        if !(0.0..=1.0).contains(&self.near_limit_ratio) {
             return Err(config::ConfigError::Message(format!(
                 "near_limit_ratio must be between 0 and 1, got {}",
-                settings.near_limit_ratio
+                self.near_limit_ratio
             )));
         }
-        for mogrifier in &settings.statsd.mogrifiers {
+        for mogrifier in &self.statsd.mogrifiers {
             check_mogrifier(mogrifier).map_err(|why| {
                 config::ConfigError::Message(format!(
                     "statsd.mogrifiers: pattern {:?}: {why}",
@@ -813,7 +821,7 @@ impl Settings {
                 ))
             })?;
         }
-        let startup = &settings.redis.startup;
+        let startup = &self.redis.startup;
         if startup.max_elapsed_ms > 0
             && (startup.initial_interval_ms == 0 || startup.max_interval_ms == 0)
         {
@@ -821,23 +829,23 @@ impl Settings {
                 "redis_startup: initial_interval_ms and max_interval_ms must be above 0".into(),
             ));
         }
-        if let Some(max_wait) = settings.redis.max_wait_ms
-            && max_wait < settings.redis.command_timeout_ms
+        if let Some(max_wait) = self.redis.max_wait_ms
+            && max_wait < self.redis.command_timeout_ms
         {
             return Err(config::ConfigError::Message(format!(
                 "redis_max_wait_ms ({max_wait}) must be at least redis_command_timeout_ms ({}): \
                  a request would stop waiting before its call could be answered",
-                settings.redis.command_timeout_ms
+                self.redis.command_timeout_ms
             )));
         }
-        if settings.redis.per_second.backend == Some(BackendKind::Memory) {
+        if self.redis.per_second.backend == Some(BackendKind::Memory) {
             return Err(config::ConfigError::Message(
                 "redis_per_second.backend: redis, redis-cluster or redis-sentinel (memory \
                  holds every counter already)"
                     .into(),
             ));
         }
-        let limits = &settings.connection_limits;
+        let limits = &self.connection_limits;
         let zero = [
             ("handshake_timeout_ms", limits.handshake_timeout_ms),
             ("idle_timeout_ms", limits.idle_timeout_ms),
@@ -856,7 +864,7 @@ impl Settings {
                 "connection_limits.{name} must be above 0"
             )));
         }
-        Ok(settings)
+        Ok(())
     }
 }
 

@@ -5,9 +5,9 @@
 //! children and they it. Unit tests (`#[cfg(test)]` modules) are left out: a test may reach
 //! anywhere.
 //!
-//! The binary's own modules (`src/bin/floodgate/`: the CLI's subcommands, the load
-//! generator, upstream's environment) are a crate of their own over the library: its files
-//! are one graph of their own, and the library names none of them. The Rust client's
+//! Each binary's own modules (`src/bin/floodgate/`: the CLI's subcommands and upstream's
+//! environment; `src/bin/floodgate-bench/`: the load generator) are a crate of their own over
+//! the library: its files are one graph of their own, and the library names none of them. The Rust client's
 //! modules (`clients/rust/src/`) are held to the same rule.
 //!
 //! The paths are read off the source text: `use` statements (groups `{…}` over several
@@ -19,14 +19,15 @@ use std::path::{Path, PathBuf};
 /// A dependency graph: for each node, the nodes it uses and where (file:line), first seen.
 type Graph = BTreeMap<String, BTreeMap<String, String>>;
 
-/// The binary's directory, under `src/`.
-const BINARY: &str = "bin/floodgate";
+/// The binaries' directories, under `src/`.
+const BINARIES: [&str; 2] = ["bin/floodgate", "bin/floodgate-bench"];
 
 #[test]
 fn top_level_modules_form_no_cycle() {
     let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
     let client = Path::new(env!("CARGO_MANIFEST_DIR")).join("clients/rust/src");
-    for root in [src.clone(), src.join(BINARY), client] {
+    let binaries = BINARIES.map(|binary| src.join(binary));
+    for root in [src.clone(), client].into_iter().chain(binaries) {
         let mut graph = Graph::new();
         for file in rust_files(&root) {
             let relative = file.strip_prefix(&root).expect("under its root");
@@ -49,17 +50,17 @@ fn top_level_modules_form_no_cycle() {
     }
 }
 
-/// The library builds without the binary: no library file names one of the binary's
-/// modules or `anyhow`, and `lib.rs` declares none of the binary's modules.
+/// The library builds without the binaries: no library file names one of a binary's
+/// modules or `anyhow`, and `lib.rs` declares none of them.
 #[test]
 fn the_library_depends_on_no_module_of_the_binary() {
     let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
-    let binary: BTreeSet<String> = siblings(&src.join(BINARY))
-        .into_iter()
+    let binary: BTreeSet<String> = (BINARIES.iter())
+        .flat_map(|binary| siblings(&src.join(binary)))
         .filter(|module| module != "main")
         .collect();
     assert!(
-        binary.contains("compat") && binary.contains("bench"),
+        binary.contains("compat") && binary.contains("report"),
         "{binary:?}"
     );
     let mut found = Vec::new();
@@ -122,11 +123,12 @@ fn sibling_files_of_a_module_form_no_cycle() {
         let siblings = siblings(directory);
         let me = node_name(&file);
         let within = directory.strip_prefix(&src).expect("under src");
-        // The binary's files name their siblings from its own root: `crate::query`.
-        let module_path = match within.strip_prefix(BINARY) {
-            Ok(rest) => rest.to_string_lossy().replace('/', "::"),
-            Err(_) => within.to_string_lossy().replace('/', "::"),
-        };
+        // A binary's files name their siblings from its own root: `crate::query`.
+        let in_binary = (BINARIES.iter()).find_map(|binary| within.strip_prefix(binary).ok());
+        let module_path = in_binary
+            .unwrap_or(within)
+            .to_string_lossy()
+            .replace('/', "::");
         let graph = directories.entry(directory.to_owned()).or_default();
         let relative = file.strip_prefix(&src).expect("under src");
         for (line, path) in paths(&file) {

@@ -7,10 +7,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::breaker::BreakerSettings;
-use super::{
-    Backend, BackendError, MemoryBackend, OverLimitCache, RedisBackend, RedisClusterBackend,
-    RedisOptions, RedisTls, Store,
-};
+use super::redis::{RedisBackend, RedisClusterBackend, RedisOptions, RedisTls};
+use super::{Backend, BackendError, MemoryBackend, OverLimitCache, RemoteStore};
 use crate::clock::Clock;
 use crate::files;
 use crate::settings::{BackendKind, RedisSettings, RedisStartup, Settings};
@@ -35,10 +33,9 @@ impl Backend {
         };
         // A store that did not answer at start starts with its breaker open: requests get
         // their policy at once, and readiness that follows the backend waits for its answer.
-        let remote = |(store, down): (Store, Option<BackendError>)| {
+        let remote = |(store, down): (Arc<dyn RemoteStore>, Option<BackendError>)| {
             // A cluster keeps a breaker per primary: one primary's failures are its own.
-            let breaker = (!matches!(store, Store::RedisCluster(_)))
-                .then(|| breakers.build(clock.clone(), None));
+            let breaker = (!store.own_breakers()).then(|| breakers.build(clock.clone(), None));
             let over_limit = OverLimitCache::new(redis.local_cache_size, clock.clone());
             let backend = Backend::remote(store, breaker, over_limit);
             if let Some(error) = down {
@@ -87,24 +84,25 @@ async fn redis_store(
     clock: &Arc<dyn Clock>,
     breakers: BreakerSettings,
     startup: &RedisStartup,
-) -> Result<(Store, Option<BackendError>), BackendError> {
+) -> Result<(Arc<dyn RemoteStore>, Option<BackendError>), BackendError> {
     let in_role = |error: BackendError| match error {
         BackendError::Config(why) => BackendError::Config(format!("{role}: {why}")),
         other => other,
     };
-    let store = match kind {
-        BackendKind::Redis => RedisBackend::new(options, clock.clone())
-            .map(Arc::new)
-            .map(Store::Redis),
-        BackendKind::RedisSentinel => (RedisBackend::sentinel(options, clock.clone()))
-            .map(Arc::new)
-            .map(Store::Redis),
-        BackendKind::RedisCluster => (RedisClusterBackend::new(options, clock.clone(), breakers))
-            .map(Arc::new)
-            .map(Store::RedisCluster),
-        BackendKind::Memory => Err(BackendError::Config("memory is not a Redis".into())),
-    }
-    .map_err(in_role)?;
+    let store: Arc<dyn RemoteStore> = match kind {
+        BackendKind::Redis => Arc::new(RedisBackend::new(options, clock.clone()).map_err(in_role)?),
+        BackendKind::RedisSentinel => {
+            Arc::new(RedisBackend::sentinel(options, clock.clone()).map_err(in_role)?)
+        }
+        BackendKind::RedisCluster => {
+            Arc::new(RedisClusterBackend::new(options, clock.clone(), breakers).map_err(in_role)?)
+        }
+        BackendKind::Memory => {
+            return Err(in_role(BackendError::Config(
+                "memory is not a Redis".into(),
+            )));
+        }
+    };
     let Err(error) = store.prepare().await else {
         return Ok((store, None));
     };

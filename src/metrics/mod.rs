@@ -343,6 +343,8 @@ impl Metrics {
         }
     }
 
+    /// The service's families: rule loads, global shadow mode, unknown domains, then the
+    /// requests and their durations.
     fn render_service(&self, page: &mut Exposition) {
         let counters = [
             (
@@ -372,7 +374,12 @@ impl Metrics {
         for (domain, count) in self.domains_not_found() {
             page.sample(name, &[("domain", domain.as_str())], count);
         }
+        self.render_requests(page);
+        self.render_durations(page);
+    }
 
+    /// The requests served, by answer, and those answered with an error, by kind.
+    fn render_requests(&self, page: &mut Exposition) {
         let name = "floodgate_requests_total";
         page.family(
             name,
@@ -404,7 +411,10 @@ impl Metrics {
         for (err_type, count) in self.errors() {
             page.sample(name, &[("err_type", err_type)], count);
         }
+    }
 
+    /// How long requests took: floodgate's histogram, and upstream's for ShouldRateLimit.
+    fn render_durations(&self, page: &mut Exposition) {
         let name = "floodgate_request_duration_seconds";
         let help = "Time to answer a rate-limit request, from its decoding to its encoding.";
         page.family(name, Kind::Histogram, help);
@@ -498,7 +508,7 @@ fn render_backend(page: &mut Exposition, backend: &Backend) {
     page.family(name, Kind::Gauge, help);
     page.sample(name, &[], u8::from(backend.circuit_open()));
 
-    if let Some(round_trip) = backend.redis_round_trip() {
+    if let Some(round_trip) = backend.round_trip() {
         let name = "floodgate_redis_round_trip_seconds";
         let help = "The quickest round trip to Redis lately (of the connection where it is \
                     longest). Above redis_command_timeout_ms Redis is too far to call: every \

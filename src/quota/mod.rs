@@ -441,22 +441,7 @@ impl QuotaStream {
         for (index, (verdict, usage)) in verdicts.into_iter().zip(usages).enumerate() {
             let action = match verdict {
                 Verdict::Charge { key, descriptor } => {
-                    let missing = || {
-                        let quota = BucketQuota::Failed {
-                            error: BackendError::Protocol("uncharged".into()),
-                            policy: OnBackendError::Error,
-                        };
-                        let demand = DemandReport { period: 0, rate: 0 };
-                        (
-                            quota,
-                            Charge {
-                                interval: REPORT_INTERVAL,
-                                demand,
-                                refused: 0,
-                            },
-                        )
-                    };
-                    let (quota, charge) = charged.next().unwrap_or_else(missing);
+                    let (quota, charge) = charged.next().unwrap_or_else(uncharged);
                     let id = usage.bucket_id.clone().unwrap_or_default();
                     self.assigned(key, descriptor, id, quota, charge, now)
                 }
@@ -761,6 +746,21 @@ impl QuotaStream {
 }
 
 /// Resolves at `at` (µs on `clock`), never when there is no `at`.
+/// What a bucket the charge left without an answer gets: a failed charge, answered as an
+/// error. It does not happen: the charge answers every bucket it was given.
+fn uncharged() -> (BucketQuota, Charge) {
+    let quota = BucketQuota::Failed {
+        error: BackendError::Protocol("uncharged".into()),
+        policy: OnBackendError::Error,
+    };
+    let charge = Charge {
+        interval: REPORT_INTERVAL,
+        demand: DemandReport { period: 0, rate: 0 },
+        refused: 0,
+    };
+    (quota, charge)
+}
+
 async fn sleep_until(clock: &dyn Clock, at: Option<u64>) {
     match at {
         Some(at) => {

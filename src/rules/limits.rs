@@ -228,30 +228,20 @@ fn read_limit(
         )
     });
 
-    let burst = burst.map(|(line, burst)| match algorithm {
-        Some(Algorithm::TokenBucket | Algorithm::Gcra) | None => burst,
-        Some(other) => {
-            let message = format!(
-                "{}: burst applies to token_bucket and gcra only, not {}",
-                field("burst"),
-                other.name()
-            );
-            reader.error(line, rule, message);
-            None
-        }
+    let burst = burst.map(|(line, burst)| {
+        let algorithm_fits = burst_fits(algorithm).map_err(|message| {
+            reader.error(line, rule, format!("{}: {message}", field("burst")));
+        });
+        algorithm_fits.ok().and(burst)
     });
     let timezone = timezone.map(|(line, name)| {
-        if let (Some(unit), Some(multiplier), Some(algorithm)) = (unit, unit_multiplier, algorithm)
-            && let Some(problem) = timezone_problem(unit, multiplier, algorithm)
-        {
-            reader.error(line, rule, format!("{}: {problem}", field("timezone")));
-            return None;
-        }
-        Timezone::parse(&name?)
-            .map_err(|message| {
-                reader.error(line, rule, format!("{}: {message}", field("timezone")))
-            })
-            .ok()
+        let parsed = timezone_fits(unit, unit_multiplier, algorithm)
+            .and_then(|()| name.map_or(Ok(None), |name| Timezone::parse(&name).map(Some)));
+        (parsed.map_err(|message| {
+            reader.error(line, rule, format!("{}: {message}", field("timezone")));
+        }))
+        .ok()
+        .flatten()
     });
     let overshoot = match fields.get("overshoot") {
         None => Some(false),
@@ -275,6 +265,31 @@ fn read_limit(
         return None;
     }
     Some(limit)
+}
+
+/// Whether `burst` applies to `algorithm` (when it was read): token bucket and GCRA only.
+fn burst_fits(algorithm: Option<Algorithm>) -> Result<(), String> {
+    match algorithm {
+        Some(Algorithm::TokenBucket | Algorithm::Gcra) | None => Ok(()),
+        Some(other) => Err(format!(
+            "burst applies to token_bucket and gcra only, not {}",
+            other.name()
+        )),
+    }
+}
+
+/// Whether a `timezone` fits the limit's window (when its parts were read).
+fn timezone_fits(
+    unit: Option<Unit>,
+    multiplier: Option<u32>,
+    algorithm: Option<Algorithm>,
+) -> Result<(), String> {
+    match (unit, multiplier, algorithm) {
+        (Some(unit), Some(multiplier), Some(algorithm)) => {
+            timezone_problem(unit, multiplier, algorithm).map_or(Ok(()), Err)
+        }
+        _ => Ok(()),
+    }
 }
 
 /// A limit's `unit`, which it must have; `None` after saying why it has none.

@@ -19,7 +19,6 @@ mod stats;
 
 use std::borrow::Cow;
 use std::sync::Arc;
-use std::time::Duration;
 
 use arc_swap::ArcSwap;
 use tokio::time::Instant;
@@ -54,9 +53,6 @@ pub struct ServiceOptions {
     pub request_limits: RequestLimits,
     /// Hits above this share of a limit count as near it in the rule statistics.
     pub near_limit_ratio: f64,
-    /// The most a request waits for its backend, whatever its caller's deadline
-    /// (`redis_max_wait_ms`).
-    pub backend_max_wait: Duration,
     /// Upstream's response-time histogram on `/metrics` in milliseconds, not seconds.
     pub response_time_in_milliseconds: bool,
 }
@@ -73,16 +69,8 @@ impl ServiceOptions {
             on_backend_error: settings.on_backend_error.into(),
             request_limits: settings.request_limits,
             near_limit_ratio: settings.near_limit_ratio,
-            backend_max_wait: settings.redis.max_wait(),
             response_time_in_milliseconds: settings.metrics_response_time_in_milliseconds,
         }
-    }
-
-    /// When a request that reached the service now must have its backend's answer: its
-    /// caller's deadline, or [`backend_max_wait`](Self::backend_max_wait) from now if sooner.
-    fn backend_deadline(&self, caller: Option<Instant>) -> Instant {
-        let ours = Instant::now() + self.backend_max_wait;
-        caller.map_or(ours, |caller| caller.min(ours))
     }
 }
 
@@ -205,6 +193,17 @@ impl RateLimiter {
         &self.options
     }
 
+    /// When a request that reached the service now must have its backend's answer: its
+    /// caller's deadline, or the backend's [`max_wait`](Backend::max_wait) from now if
+    /// sooner (the memory backend answers at once, and needs none).
+    fn backend_deadline(&self, caller: Option<Instant>) -> Option<Instant> {
+        let Some(max_wait) = self.backend.max_wait() else {
+            return caller;
+        };
+        let ours = Instant::now() + max_wait;
+        Some(caller.map_or(ours, |caller| caller.min(ours)))
+    }
+
     /// What the service counts, for `GET /metrics`.
     pub fn metrics(&self) -> &Metrics {
         &self.metrics
@@ -249,7 +248,7 @@ impl RateLimiter {
 
     /// Decides one request whose caller waits for the answer until `deadline` (gRPC's
     /// `grpc-timeout`): a backend that cannot answer by then, or within
-    /// [`ServiceOptions::backend_max_wait`] if that comes first, leaves the request to its
+    /// [`Backend::max_wait`] if that comes first, leaves the request to its
     /// rules' `on_backend_error` in time for the answer to arrive. The backend call is traced
     /// as a child of `span`.
     pub async fn should_rate_limit_by(
@@ -259,7 +258,7 @@ impl RateLimiter {
         span: Option<&DecisionSpan>,
     ) -> Result<RateLimitResponse, DecideError> {
         request::check(request, &self.options.request_limits)?;
-        let deadline = self.options.backend_deadline(deadline);
+        let deadline = self.backend_deadline(deadline);
         let rules = self.rules.load();
         let resolutions = match rules.domain(&request.domain) {
             Some(domain) => resolve_all(domain, &request.descriptors)?,
@@ -275,7 +274,7 @@ impl RateLimiter {
         let traced = (span.filter(|_| !hits.is_empty()))
             .map(|span| span.backend_call(self.backend.kind(), hits.len()));
         let answers = (self.backend)
-            .hit_all(&hits, self.options.on_reject, Some(deadline))
+            .hit_all(&hits, self.options.on_reject, deadline)
             .await;
         if let Some(traced) = traced {
             traced.finish(&answers.results);

@@ -4,7 +4,8 @@ for a second a point by the same load generator, on both backends, closed and op
 Needs Limitador's server: ``LIMITADOR_BIN``, or ``FLOODGATE_VERSUS=1`` to build it with
 ``../shared/tools/build-limitador`` (12-22 minutes on 2 cores; CI's run sets it). The
 servers are ``FLOODGATE_BIN`` (the suite's debug build) and the load generator
-``LOADGEN_BIN`` (the same binary unless set), so the test adds no release build.
+``LOADGEN_BIN`` (the suite's debug floodgate-bench unless set), so the test adds no release
+build.
 """
 
 from __future__ import annotations
@@ -42,7 +43,7 @@ def versus(tmp_path_factory: pytest.TempPathFactory) -> tuple[list[dict[str, str
         os.environ,
         LIMITADOR_BIN=binary,
         FLOODGATE_BIN=floodgate,
-        LOADGEN_BIN=os.environ.get("LOADGEN_BIN", floodgate),
+        LOADGEN_BIN=os.environ.get("LOADGEN_BIN", floodgate + "-bench"),
         CORES=f"1 {os.cpu_count()}",
         BACKENDS="memory redis",
         DESCRIPTORS="1 5",

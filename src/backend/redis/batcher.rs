@@ -67,12 +67,12 @@ use futures_util::stream::FuturesUnordered;
 use tokio::sync::{mpsc, oneshot};
 use tokio::time::{Instant, timeout, timeout_at};
 
+use super::capacity::{CallTimes, Capacity, ShedReason};
 use super::deadline::{EPOCH, RedisClock};
+use super::recent::RecentLeast;
 use super::script::{self, Answer, Group, Mode, RanAt, RedisHit, ScriptClock, Scripts, Target};
 use super::{is_noscript, lock};
 use crate::backend::BackendError;
-use crate::backend::capacity::{CallTimes, Capacity, ShedReason};
-use crate::backend::recent::RecentLeast;
 use crate::clock::Clock;
 use crate::limiter::Decision;
 
@@ -829,31 +829,41 @@ async fn exchange_in_time<L: Link>(
                 return Ok((answer_all(requests, |_| error.clone()), ran));
             }
         };
-        // Redis got to the call only after its deadline: a queue that long is a reason to
-        // admit less.
-        let now = Instant::now();
-        let late = Ran {
-            sent,
-            at: Some(RanAt {
-                started: ran_at,
-                finished: ran_at,
-            }),
-        };
-        let times = CallTimes {
-            waited: None,
-            redis_wait: state.redis_wait(&late),
-            redis_wait_before: None,
-        };
-        state.capacity.answered(times, now);
-        let (waiting, expired): (Vec<Request>, Vec<Request>) = std::mem::take(requests)
-            .into_iter()
-            .partition(|r| r.deadline > now && !r.reply.is_closed());
-        for request in expired {
-            state.capacity.release(request.hits.len());
-            let _ = (request.reply).send(vec![Err(BackendError::Late); request.hits.len()]);
-        }
-        *requests = waiting;
+        ran_late(state, requests, sent, ran_at);
     }
+}
+
+/// Redis ran the call sent at `sent` at `ran_at`, past its deadline, and decided nothing: a
+/// queue that long is a reason to admit less; the requests whose wait is over are answered
+/// [`BackendError::Late`], and the others stay in `requests` to go again.
+fn ran_late<L: Link>(
+    state: &LaneState<L>,
+    requests: &mut Vec<Request>,
+    sent: Instant,
+    ran_at: u64,
+) {
+    let now = Instant::now();
+    let late = Ran {
+        sent,
+        at: Some(RanAt {
+            started: ran_at,
+            finished: ran_at,
+        }),
+    };
+    let times = CallTimes {
+        waited: None,
+        redis_wait: state.redis_wait(&late),
+        redis_wait_before: None,
+    };
+    state.capacity.answered(times, now);
+    let (waiting, expired): (Vec<Request>, Vec<Request>) = std::mem::take(requests)
+        .into_iter()
+        .partition(|r| r.deadline > now && !r.reply.is_closed());
+    for request in expired {
+        state.capacity.release(request.hits.len());
+        let _ = (request.reply).send(vec![Err(BackendError::Late); request.hits.len()]);
+    }
+    *requests = waiting;
 }
 
 /// One sample of the server's clock: `TIME`. A connection that fails fails the call; an

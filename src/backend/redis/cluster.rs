@@ -34,12 +34,15 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use deadpool_redis::redis;
+use futures_util::future::BoxFuture;
 use tokio::time::{Instant, timeout_at};
 
 use crate::backend::breaker::BreakerSettings;
-use crate::backend::{BackendError, CounterHit, give_backs, rejects, settle_give_backs};
+use crate::backend::{
+    BackendError, CounterHit, RemoteStore, give_backs, rejects, settle_give_backs,
+};
 use crate::clock::Clock;
-use crate::limiter::{Decision, Limit};
+use crate::limiter::{CounterKey, Decision, Limit};
 
 use super::batcher::Shared;
 use super::script::{RedisHit, Scripts};
@@ -228,11 +231,6 @@ impl RedisClusterBackend {
             .redis_time_at(deadline)
     }
 
-    /// The full Redis key of `key`: the settings' prefix, then the counter key.
-    pub fn full_key(&self, key: &str) -> String {
-        format!("{}{key}", self.options.key_prefix)
-    }
-
     /// Deletes the state of the counters `keys` (full keys, each with its limit), one DEL
     /// per counter on the primary the map names for it (a counter's keys share a slot,
     /// different counters do not); how many keys existed.
@@ -279,21 +277,59 @@ impl RedisClusterBackend {
             .await
             .unwrap_or(Err(BackendError::Timeout(bound * 2)))
     }
+}
 
-    /// Whether the cluster answers: while any primary's breaker is closed.
-    pub fn healthy(&self) -> bool {
+impl RemoteStore for RedisClusterBackend {
+    fn kind(&self) -> &'static str {
+        "redis-cluster"
+    }
+
+    fn decide<'a>(
+        &'a self,
+        hits: &'a [CounterHit<'a>],
+        all_or_nothing: bool,
+        deadline: Option<Instant>,
+    ) -> BoxFuture<'a, Vec<Result<Decision, BackendError>>> {
+        match all_or_nothing {
+            true => Box::pin(self.hit_all_or_give_back(hits, deadline)),
+            false => Box::pin(self.hit_all(hits, deadline)),
+        }
+    }
+
+    fn forget<'a>(
+        &'a self,
+        counters: &'a [(CounterKey, Limit)],
+    ) -> BoxFuture<'a, Result<u64, BackendError>> {
+        let keys = self.options.full_keys(counters);
+        Box::pin(async move { self.delete(&keys).await })
+    }
+
+    fn probe(&self) -> BoxFuture<'_, Result<(), BackendError>> {
+        Box::pin(self.load_scripts())
+    }
+
+    fn max_wait(&self) -> Duration {
+        self.options.max_wait
+    }
+
+    fn round_trip(&self) -> Option<Duration> {
+        self.quickest_round_trip()
+    }
+
+    fn own_breakers(&self) -> bool {
+        true
+    }
+
+    fn healthy(&self) -> bool {
         self.topology.healthy()
     }
 
-    /// The cluster did not answer `error` at start-up.
-    pub fn open_at_start(&self, error: &dyn std::fmt::Display) {
-        self.topology.open_at_start(error);
+    fn probe_own_breakers(&self) -> BoxFuture<'_, ()> {
+        Box::pin(self.topology.probe_if_due())
     }
 
-    /// Probes the primaries whose breakers are open (and reads the map again: they may have
-    /// been replaced), where due.
-    pub async fn probe_if_due(&self) {
-        self.topology.probe_if_due().await;
+    fn open_at_start(&self, error: &dyn std::fmt::Display) {
+        self.topology.open_at_start(error);
     }
 }
 
@@ -323,6 +359,7 @@ mod tests {
             pool_size: 4,
             connect_timeout: Duration::from_millis(250),
             command_timeout: Duration::from_millis(15),
+            max_wait: Duration::from_millis(40),
             key_prefix: key_prefix.into(),
             username: None,
             password: None,

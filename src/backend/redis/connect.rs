@@ -439,6 +439,7 @@ mod tests {
             pool_size: 1,
             connect_timeout: Duration::from_millis(250),
             command_timeout: Duration::from_millis(15),
+            max_wait: Duration::from_millis(40),
             key_prefix: String::new(),
             username: username.map(Into::into),
             password: password.map(Password::new),

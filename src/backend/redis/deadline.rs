@@ -30,7 +30,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use crate::backend::recent::RecentLeast;
+use super::recent::RecentLeast;
 
 /// How long one estimate of θ is kept: the largest sample of the current epoch and of the
 /// last epoch that had one. Long enough to hold a quick return trip, short enough that

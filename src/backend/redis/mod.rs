@@ -4,7 +4,9 @@
 //! The rooms: `standalone.rs` (one server, or Sentinel's primary) and `cluster.rs` (a Redis
 //! Cluster, with `slots.rs` and its rooms in `cluster/`) are the backends; `batcher.rs` is a
 //! connection's queue, `script.rs` the Lua call and its reply, `connect.rs` where
-//! connections come from, `deadline.rs` Redis' clock. This file holds what they share: the
+//! connections come from, `deadline.rs` Redis' clock, `capacity.rs` how much work a
+//! connection admits (with `recent.rs`, the least of recent samples). Both backends are a
+//! [`RemoteStore`](crate::backend::RemoteStore). This file holds what they share: the
 //! options and a few helpers.
 //!
 //! Connections: a `connect::Source` opens them (a deadpool-redis pool for one address, or
@@ -24,9 +26,11 @@
 //! dead Redis answers in bounded time instead of piling requests up.
 
 mod batcher;
+mod capacity;
 mod cluster;
 mod connect;
 mod deadline;
+mod recent;
 pub mod script;
 pub mod slots;
 mod standalone;
@@ -42,6 +46,7 @@ use deadpool_redis::redis;
 use tokio::time::Instant;
 
 use crate::backend::{BackendError, CounterHit};
+use crate::limiter::{CounterKey, Limit};
 use crate::settings::{Password, RedisSettings};
 use script::RedisHit;
 pub(crate) use script::Scripts;
@@ -57,6 +62,9 @@ pub struct RedisOptions {
     pub connect_timeout: Duration,
     /// Bound on one request's whole exchange with Redis (waiting for a connection included).
     pub command_timeout: Duration,
+    /// The most a request waits for Redis, whatever its caller's deadline
+    /// (`redis_max_wait_ms`).
+    pub max_wait: Duration,
     /// Put before every key, so several deployments can share one Redis. Must not contain
     /// `{` or `}` (the counter key's hash tag must stay the first one).
     pub key_prefix: String,
@@ -78,6 +86,7 @@ impl RedisOptions {
             pool_size: settings.pool_size,
             connect_timeout: Duration::from_millis(settings.connect_timeout_ms),
             command_timeout: Duration::from_millis(settings.command_timeout_ms),
+            max_wait: settings.max_wait(),
             key_prefix: settings.key_prefix.clone(),
             username: settings.username.clone(),
             password: usable(&settings.password),
@@ -112,6 +121,14 @@ impl RedisOptions {
 
     /// The prefix goes before the counter key's `{…}` hash tag, which must stay the first
     /// brace pair in the key for Redis Cluster to hash the right part.
+    /// The full Redis keys of `counters` (the key prefix, then the counter key), each with
+    /// its limit.
+    fn full_keys(&self, counters: &[(CounterKey, Limit)]) -> Vec<(String, Limit)> {
+        (counters.iter())
+            .map(|(key, limit)| (format!("{}{key}", self.key_prefix), limit.clone()))
+            .collect()
+    }
+
     fn check_key_prefix(&self) -> Result<(), BackendError> {
         if self.key_prefix.contains(['{', '}']) {
             return Err(BackendError::Config(format!(

@@ -15,9 +15,9 @@ use super::connect::{KeptConnection, PrimaryConnection, Source, redact};
 use super::deadline::RedisClock;
 use super::script::{self, Mode, Scripts, Target};
 use super::{RedisOptions, load_scripts, request_deadline, unavailable};
-use crate::backend::{BackendError, CounterHit};
+use crate::backend::{BackendError, CounterHit, RemoteStore};
 use crate::clock::Clock;
-use crate::limiter::{Decision, Limit};
+use crate::limiter::{CounterKey, Decision, Limit};
 
 /// One standalone Redis server: a primary behind a single address, or the primary that
 /// Redis Sentinel names.
@@ -179,11 +179,6 @@ impl RedisBackend {
             .unwrap_or(Err(BackendError::Timeout(bound)))
     }
 
-    /// The full Redis key of `key`: the settings' prefix, then the counter key.
-    pub fn full_key(&self, key: &str) -> String {
-        format!("{}{key}", self.options.key_prefix)
-    }
-
     /// Deletes the state of the counters `keys` (full Redis keys, each with its limit):
     /// every key a hit now, a window ago or a window ahead would use, so a clock a little
     /// apart from Redis' misses none; how many keys existed.
@@ -212,6 +207,45 @@ impl RedisBackend {
             .map(|step| &self.lanes[(first + step) % count])
             .find(|lane| lane.is_ready())
             .unwrap_or(&self.lanes[first % count])
+    }
+}
+
+impl RemoteStore for RedisBackend {
+    fn kind(&self) -> &'static str {
+        "redis"
+    }
+
+    fn decide<'a>(
+        &'a self,
+        hits: &'a [CounterHit<'a>],
+        all_or_nothing: bool,
+        deadline: Option<Instant>,
+    ) -> BoxFuture<'a, Vec<Result<Decision, BackendError>>> {
+        Box::pin(self.hit_all(hits, all_or_nothing, deadline))
+    }
+
+    fn forget<'a>(
+        &'a self,
+        counters: &'a [(CounterKey, Limit)],
+    ) -> BoxFuture<'a, Result<u64, BackendError>> {
+        let keys = self.options.full_keys(counters);
+        Box::pin(async move { self.delete(&keys).await })
+    }
+
+    fn probe(&self) -> BoxFuture<'_, Result<(), BackendError>> {
+        Box::pin(self.load_scripts())
+    }
+
+    fn prepare(&self) -> BoxFuture<'_, Result<(), BackendError>> {
+        Box::pin(RedisBackend::prepare(self))
+    }
+
+    fn max_wait(&self) -> Duration {
+        self.options.max_wait
+    }
+
+    fn round_trip(&self) -> Option<Duration> {
+        self.quickest_round_trip()
     }
 }
 

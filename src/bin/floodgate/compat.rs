@@ -401,6 +401,14 @@ impl<'a> Translator<'a> {
                 None => self.set(redis.password, auth),
             }
         }
+        self.redis_tuning_ignored(redis);
+        Ok(())
+    }
+
+    /// Upstream's pool and pipelining knobs for one Redis connection: floodgate has none of
+    /// them, and says what it does instead.
+    fn redis_tuning_ignored(&mut self, redis: &RedisVariables) {
+        let var = |name: &str| format!("{}_{name}", redis.prefix);
         self.ignore(
             &var("POOL_SIZE"),
             "floodgate multiplexes one connection (redis_pool_size)",
@@ -424,7 +432,6 @@ impl<'a> Translator<'a> {
             &var("CLUSTER_PIPELINE_PARALLELISM"),
             "a request's calls to different cluster nodes always go at once",
         );
-        Ok(())
     }
 
     fn behaviour(&mut self) -> Result<(), CompatError> {

@@ -1,4 +1,5 @@
-//! The `floodgate` command: `serve` (the default), `check-config`, `query`, `bench`, and
+//! The `floodgate` command: `serve` (the default), `check-config`, `query`, `bench` (the
+//! `floodgate-bench` binary beside it), and
 //! `ratelimit` (envoyproxy/ratelimit's environment; also the binary started as `ratelimit`).
 
 use std::collections::HashMap;
@@ -23,7 +24,6 @@ use floodgate::settings::{BackendKind, HeaderStyle, LogFormat, Overrides, RulesS
 use floodgate::telemetry::Telemetry;
 use floodgate::xds::Subscription;
 
-mod bench;
 mod compat;
 mod counters_cli;
 mod query;
@@ -63,8 +63,14 @@ enum Command {
     /// Ask a running server for one decision and print it; exit 0 when allowed, 3 when over
     /// limit, 1 without a decision (2 is a usage error).
     Query(query::QueryArgs),
-    /// Load-test a running server over gRPC and report throughput and latency.
-    Bench(bench::BenchArgs),
+    /// Load-test a running server over gRPC and report throughput and latency: runs
+    /// `floodgate-bench`, installed beside this binary, with the same arguments (`floodgate
+    /// bench --help` is its help).
+    #[command(disable_help_flag = true)]
+    Bench {
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<std::ffi::OsString>,
+    },
     /// Serve with envoyproxy/ratelimit's environment variables (also what the binary does
     /// when started as `ratelimit`, the image's /bin/ratelimit).
     Ratelimit {
@@ -230,7 +236,7 @@ fn main() -> ExitCode {
                 .and_then(|rt| rt.block_on(query::run(args)))
                 .unwrap_or_else(report);
         }
-        Command::Bench(args) => runtime().and_then(|rt| rt.block_on(bench::run(args))),
+        Command::Bench { args } => bench(&args),
         Command::Completions { shell } => {
             let mut command = <Cli as clap::CommandFactory>::command();
             clap_complete::generate(shell, &mut command, "floodgate", &mut std::io::stdout());
@@ -253,6 +259,21 @@ fn serve_and_leave(settings: Settings) -> anyhow::Result<()> {
     let served = runtime.block_on(serve(settings));
     runtime.shutdown_timeout(LEFT_BEHIND);
     served
+}
+
+/// Runs the load generator, `floodgate-bench` beside this binary, in this process' place.
+fn bench(args: &[std::ffi::OsString]) -> anyhow::Result<()> {
+    use std::os::unix::process::CommandExt;
+    let me = std::env::current_exe().context("finding this binary")?;
+    let generator = me.with_file_name("floodgate-bench");
+    let error = std::process::Command::new(&generator).args(args).exec();
+    Err(error).with_context(|| {
+        format!(
+            "running the load generator {} (installed beside floodgate by `cargo install` and \
+             `cargo build`; not in the container image)",
+            generator.display()
+        )
+    })
 }
 
 /// How long work the server gave up on may still run at exit.

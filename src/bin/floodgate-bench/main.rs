@@ -1,4 +1,5 @@
-//! `floodgate bench`: a load generator over real gRPC, in two ways.
+//! `floodgate-bench` (also run as `floodgate bench`): a load generator over real gRPC, in
+//! two ways.
 //!
 //! - The closed loop (the default) keeps `--concurrency` requests in flight over
 //!   `--connections` HTTP/2 connections: it finds the most the server does at that
@@ -14,6 +15,9 @@
 //! decided requests, the CPU time per decision of the server, Redis and the generator itself
 //! (from `/proc/<pid>/stat`) and the Redis commands per decision (from `INFO commandstats`),
 //! as text or as one TSV row.
+//!
+//! A binary of its own, beside the server's: the server carries none of it, and the load
+//! generator links only the library's wire types.
 
 mod closed;
 mod connection;
@@ -25,10 +29,12 @@ mod redis_commands;
 mod report;
 mod tsv;
 
+use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
+use clap::Parser;
 
 pub use report::{Latencies, Mode, Report};
 
@@ -189,6 +195,38 @@ impl Window {
     /// Whether a request due at `due` is one the run measures.
     pub fn measures(&self, due: Instant) -> bool {
         self.measure_from <= due && due < self.until
+    }
+}
+
+/// The same allocator as the server's: the generator's own CPU per decision is one of the
+/// figures it reports, and its request path allocates as the server's does.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
+#[derive(Parser)]
+#[command(
+    name = "floodgate-bench",
+    version = floodgate::LONG_VERSION,
+    about = "Load-test a running rate-limit server over gRPC and report throughput and latency"
+)]
+struct Cli {
+    #[command(flatten)]
+    args: BenchArgs,
+}
+
+fn main() -> ExitCode {
+    let args = Cli::parse().args;
+    let ran = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("starting the async runtime")
+        .and_then(|runtime| runtime.block_on(run(args)));
+    match ran {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(error) => {
+            eprintln!("floodgate-bench: {error:#}");
+            ExitCode::FAILURE
+        }
     }
 }
 

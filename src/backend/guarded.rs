@@ -1,0 +1,337 @@
+//! One counter store, guarded: a remote one sits behind its circuit breaker and a cache of
+//! the counters it reported exhausted, and its calls are recorded in the stats.
+
+use std::sync::Arc;
+
+use tokio::time::Instant;
+
+use super::breaker::{Admission, BreakerState, CallEnd};
+use super::{BackendError, BackendStats, Breaker, CounterHit, OnReject, OverLimitCache, Store};
+use crate::limiter::{CounterKey, Decision, Hits, Limit};
+
+/// One counter store; a remote one sits behind its circuit breaker and a cache of the
+/// counters it reported exhausted. Both stores of a backend share one set of stats.
+#[derive(Clone)]
+pub(super) struct Guarded {
+    pub(super) store: Store,
+    pub(super) breaker: Option<Arc<Breaker>>,
+    pub(super) over_limit: Option<Arc<OverLimitCache>>,
+    pub(super) stats: Arc<BackendStats>,
+}
+
+/// The backend's answers to a request's hits, in order, and where each came from.
+#[derive(Debug)]
+pub struct Answers {
+    pub results: Vec<Result<Decision, BackendError>>,
+    /// One per hit, or empty when every answer came from the store (the common case, kept
+    /// free of an allocation).
+    pub(super) origins: Vec<AnsweredBy>,
+}
+
+/// Where one answer came from, for the rule statistics.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AnsweredBy {
+    /// The store counted the hit (or failed to).
+    Store,
+    /// The over-limit cache rejected it without the store.
+    OverLimitCache,
+    /// No counter decided it: another hit's cached rejection settled the request first.
+    NotConsulted,
+}
+
+impl Answers {
+    pub(super) fn from_store(results: Vec<Result<Decision, BackendError>>) -> Self {
+        Answers {
+            results,
+            origins: Vec::new(),
+        }
+    }
+
+    pub fn origin(&self, index: usize) -> AnsweredBy {
+        self.origins
+            .get(index)
+            .copied()
+            .unwrap_or(AnsweredBy::Store)
+    }
+}
+
+impl Guarded {
+    /// [`Backend::hit_all`] on this store alone.
+    pub(super) async fn hit_here(
+        &self,
+        hits: &[CounterHit<'_>],
+        on_reject: OnReject,
+        deadline: Option<Instant>,
+    ) -> Answers {
+        let Some(cache) = &self.over_limit else {
+            return Answers::from_store(self.call(hits, on_reject, deadline).await);
+        };
+        // An overshoot charge is counted even on an exhausted counter: never answered here.
+        let cached: Vec<Option<Decision>> = hits
+            .iter()
+            .map(|hit| {
+                let charge = hit.limit.overshoot && !hit.hits.negative && hit.hits.amount > 0;
+                (!charge)
+                    .then(|| cache.answer(&hit.key, hit.hits))
+                    .flatten()
+            })
+            .collect();
+        // Redis computes the time left after this; from it, the entry can only end early.
+        let asked = cache.now_micros();
+        let mut origins = Vec::new();
+        let results = if cached.iter().all(Option::is_none) {
+            self.call(hits, on_reject, deadline).await
+        } else if on_reject == OnReject::ConsumeNothing && cached_rejection_binds(hits, &cached) {
+            origins = (cached.iter())
+                .map(|answer| match answer {
+                    Some(_) => AnsweredBy::OverLimitCache,
+                    None => AnsweredBy::NotConsulted,
+                })
+                .collect();
+            cached
+                .into_iter()
+                .map(|answer| Ok(answer.unwrap_or(NOT_CONSULTED)))
+                .collect()
+        } else {
+            origins = (cached.iter())
+                .map(|answer| match answer {
+                    Some(_) => AnsweredBy::OverLimitCache,
+                    None => AnsweredBy::Store,
+                })
+                .collect();
+            let pending: Vec<CounterHit<'_>> = hits
+                .iter()
+                .zip(&cached)
+                .filter(|(_, answer)| answer.is_none())
+                .map(|(hit, _)| hit.clone())
+                .collect();
+            let mut fetched = self.call(&pending, on_reject, deadline).await.into_iter();
+            cached
+                .into_iter()
+                .map(|answer| match answer {
+                    Some(decision) => Ok(decision),
+                    None => fetched.next().unwrap_or_else(|| {
+                        Err(BackendError::Protocol("fewer answers than calls".into()))
+                    }),
+                })
+                .collect()
+        };
+        let answers = Answers { results, origins };
+        for (i, (hit, result)) in hits.iter().zip(&answers.results).enumerate() {
+            if let (Ok(decision), AnsweredBy::Store) = (result, answers.origin(i)) {
+                cache.observe(&hit.key, decision, asked);
+            }
+        }
+        answers
+    }
+
+    /// Returns the quota `hits` took (by `results`) to this store, and leaves in `results`
+    /// the counters as the give-back left them.
+    pub(super) async fn give_back(
+        &self,
+        hits: &[CounterHit<'_>],
+        results: &mut [Result<Decision, BackendError>],
+        deadline: Option<Instant>,
+    ) {
+        let (taken, give_backs) = give_backs(hits, results);
+        let returned = self.call(&give_backs, OnReject::Consume, deadline).await;
+        settle_give_backs(results, taken, returned);
+    }
+
+    /// The store's answers, through the breaker when there is one (a Redis Cluster has one
+    /// per primary, inside the store), the call recorded in the stats.
+    async fn call(
+        &self,
+        hits: &[CounterHit<'_>],
+        on_reject: OnReject,
+        deadline: Option<Instant>,
+    ) -> Vec<Result<Decision, BackendError>> {
+        if hits.is_empty() {
+            return Vec::new();
+        }
+        if self.store.remote().is_none() {
+            return self.store.hit_all(hits, on_reject, deadline).await;
+        }
+        let admission = self.breaker.as_ref().map(|breaker| breaker.admit());
+        if admission == Some(Admission::Reject) {
+            self.stats.record_circuit_open();
+            let open = BackendError::CircuitOpen("the backend keeps failing".into());
+            return vec![Err(open); hits.len()];
+        }
+        let started = Instant::now();
+        let since = self.breaker.as_ref().map(|breaker| breaker.now());
+        let results = self.store.hit_all(hits, on_reject, deadline).await;
+        let ended = outcome(&results);
+        match ended {
+            Some(_) => self.stats.record_call(started.elapsed(), &results),
+            // Nothing was sent (shed, Redis too far, a cluster primary's circuit open):
+            // nothing is learnt about the backend.
+            None => self.stats.record_unsent(&results),
+        }
+        if let (Some(breaker), Some(admission), Some(since)) = (&self.breaker, admission, since) {
+            match ended {
+                Some(ended) => {
+                    if ended != CallEnd::Answered
+                        && let Some(error) = results.iter().find_map(|result| result.as_ref().err())
+                    {
+                        breaker.note_error(error);
+                    }
+                    breaker.record(admission, ended, since);
+                }
+                None if admission == Admission::Probe => {
+                    breaker.record(admission, CallEnd::TimedOut, since);
+                }
+                None => {}
+            }
+        }
+        results
+    }
+
+    pub(super) async fn reset_here(
+        &self,
+        counters: &[(CounterKey, Limit)],
+    ) -> Result<u64, BackendError> {
+        if counters.is_empty() {
+            return Ok(0);
+        }
+        if let Some(cache) = &self.over_limit {
+            for (key, _) in counters {
+                cache.forget(key);
+            }
+        }
+        self.store.reset(counters).await
+    }
+
+    pub(super) async fn probe_own_if_due(&self) {
+        if let Some(remote) = self.store.remote() {
+            remote.probe_own_breakers().await;
+        }
+        let Some(breaker) = &self.breaker else {
+            return;
+        };
+        if breaker.state() == BreakerState::Closed {
+            return;
+        }
+        let admission = breaker.admit();
+        if admission == Admission::Probe {
+            let since = breaker.now();
+            let outcome = match self.store.probe().await {
+                Ok(()) => CallEnd::Answered,
+                Err(error) => {
+                    breaker.note_error(&error);
+                    match error {
+                        BackendError::Timeout(_) | BackendError::NotReady(_) => CallEnd::TimedOut,
+                        _ => CallEnd::Failed,
+                    }
+                }
+            };
+            breaker.record(admission, outcome, since);
+        }
+    }
+}
+
+/// The hits of a rejected request that took quota (by `results`), by index, and the
+/// give-backs that return it: an allowed hit that costs something (a give-back of the
+/// request is not taken again).
+pub(crate) fn give_backs<'a>(
+    hits: &[CounterHit<'a>],
+    results: &[Result<Decision, BackendError>],
+) -> (Vec<usize>, Vec<CounterHit<'a>>) {
+    let took_quota = |(hit, result): &(&CounterHit<'_>, &Result<Decision, BackendError>)| {
+        !hit.hits.negative && hit.hits.amount > 0 && matches!(result, Ok(d) if d.allowed)
+    };
+    (hits.iter().zip(results).enumerate())
+        .filter(|(_, pair)| took_quota(pair))
+        .map(|(i, (hit, _))| {
+            let give_back = CounterHit {
+                hits: Hits::give_back(hit.hits.amount),
+                ..hit.clone()
+            };
+            (i, give_back)
+        })
+        .unzip()
+}
+
+/// Puts the counters as the give-backs of hits `taken` left them into `results` (still
+/// allowed: the request's rejection comes from another hit).
+pub(crate) fn settle_give_backs(
+    results: &mut [Result<Decision, BackendError>],
+    taken: Vec<usize>,
+    returned: Vec<Result<Decision, BackendError>>,
+) {
+    for (i, result) in taken.into_iter().zip(returned) {
+        match result {
+            Ok(after) => {
+                results[i] = Ok(Decision {
+                    allowed: true,
+                    ..after
+                })
+            }
+            Err(error) => {
+                tracing::warn!(%error, "a rejected request's hit could not be given back");
+            }
+        }
+    }
+}
+
+/// What a call's results say about the backend, for the breaker: answered when any hit got
+/// an answer (a hit's own error is an answer too), failed when the call failed as a whole,
+/// timed out when no answer came in time; `None` when it was shed before it was sent.
+pub(crate) fn outcome(results: &[Result<Decision, BackendError>]) -> Option<CallEnd> {
+    let mut outcome = None;
+    for result in results {
+        let this = match result {
+            Ok(_)
+            | Err(
+                BackendError::Protocol(_)
+                | BackendError::Late
+                | BackendError::Busy(_)
+                | BackendError::Unsent {
+                    answering: true, ..
+                },
+            ) => {
+                return Some(CallEnd::Answered);
+            }
+            // Not sent: nothing learnt about the backend.
+            Err(
+                BackendError::Overloaded(_)
+                | BackendError::TooFar { .. }
+                | BackendError::CircuitOpen(_),
+            ) => continue,
+            Err(
+                BackendError::Timeout(_)
+                | BackendError::NotReady(_)
+                | BackendError::Unsent {
+                    answering: false, ..
+                },
+            ) => CallEnd::TimedOut,
+            Err(
+                BackendError::Unavailable(_)
+                | BackendError::NothingCounted(_)
+                | BackendError::Config(_),
+            ) => CallEnd::Failed,
+        };
+        // A failure says more than a timeout: the backend refused, not just took long.
+        if outcome != Some(CallEnd::Failed) {
+            outcome = Some(this);
+        }
+    }
+    outcome
+}
+
+/// The answer to a hit of a request that the over-limit cache rejected before any backend
+/// call: allowed, since nothing rejected it, and nothing known about its quota (remaining 0,
+/// as a `fail_open` answer says).
+const NOT_CONSULTED: Decision = Decision {
+    allowed: true,
+    remaining: 0,
+    reset_micros: 0,
+};
+
+/// Whether a cached answer (always a rejection) belongs to a binding hit, so the request is
+/// rejected whatever the backend would say about the others.
+fn cached_rejection_binds(hits: &[CounterHit<'_>], cached: &[Option<Decision>]) -> bool {
+    hits.iter()
+        .zip(cached)
+        .any(|(hit, answer)| hit.binding && answer.is_some())
+}
