@@ -24,7 +24,6 @@ pub mod clock;
 pub mod counters;
 pub mod edge;
 pub mod files;
-pub mod grpc_body;
 pub mod instruments;
 pub mod limiter;
 pub mod metrics;

@@ -28,18 +28,19 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
 use crate::edge::grpc::{CallDeadline, GrpcService, StampArrival};
+use crate::edge::grpc_body::{
+    HeldBytes, LimitBodies, MAX_REPORT_BYTES, MessageLimits, check_budget, plain_body,
+};
 use crate::edge::grpc_conn::{self, Http2Limits};
 pub use crate::edge::http::Readiness;
 use crate::edge::http::{self, HttpState};
 use crate::edge::listener::{Acceptor, Connections, Handshaking, Timeouts, next_until};
+use crate::edge::rlqs::{QuotaGrpc, RateLimitQuotaServiceServer};
 use crate::edge::socket::Listener;
 use crate::edge::tls::ServerTls;
-use crate::grpc_body::{
-    HeldBytes, LimitBodies, MAX_REPORT_BYTES, MessageLimits, check_budget, plain_body,
-};
 use crate::proto::FILE_DESCRIPTOR_SET;
 use crate::proto::envoy::service::ratelimit::v3::rate_limit_service_server::RateLimitServiceServer;
-use crate::quota::{QuotaService, RateLimitQuotaServiceServer};
+use crate::quota::QuotaService;
 use crate::service::RateLimiter;
 use crate::settings::ConnectionLimits;
 use crate::settings::Password;
@@ -255,7 +256,7 @@ async fn grpc_services(
         .set_serving::<RateLimitServiceServer<GrpcService>>()
         .await;
     health
-        .set_serving::<RateLimitQuotaServiceServer<QuotaService>>()
+        .set_serving::<RateLimitQuotaServiceServer<QuotaGrpc>>()
         .await;
     (health.set_service_status(UPSTREAM_HEALTH_NAME, tonic_health::ServingStatus::Serving)).await;
     // Both versions, as grpc-go registers them: grpcio-reflection's client and several GUI
@@ -276,8 +277,11 @@ async fn grpc_services(
                 .max_decoding_message_size(limiter.request_limits().largest_request_bytes()),
         )
         .add_service(
-            RateLimitQuotaServiceServer::new(QuotaService::new(limiter.clone(), stopped))
-                .max_decoding_message_size(MAX_REPORT_BYTES),
+            RateLimitQuotaServiceServer::new(QuotaGrpc::new(QuotaService::new(
+                limiter.clone(),
+                stopped,
+            )))
+            .max_decoding_message_size(MAX_REPORT_BYTES),
         )
         .prepare();
     Ok((health, routes))
@@ -549,7 +553,7 @@ async fn set_health(
         .await;
     for service in [
         <RateLimitServiceServer<GrpcService> as tonic::server::NamedService>::NAME,
-        <RateLimitQuotaServiceServer<QuotaService> as tonic::server::NamedService>::NAME,
+        <RateLimitQuotaServiceServer<QuotaGrpc> as tonic::server::NamedService>::NAME,
     ] {
         health.set_service_status(service, status).await;
     }

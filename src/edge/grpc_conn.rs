@@ -33,9 +33,9 @@ use tokio::runtime::Handle;
 use tokio::sync::watch;
 use tokio::time::{Instant, sleep_until};
 
+use super::grpc_body::{CONNECTION_WINDOW, MAX_HEADER_LIST_BYTES, STREAM_WINDOW};
 use crate::edge::listener::{Connection, Connections, next_until};
 use crate::edge::unix_authority::UnixAuthority;
-use crate::grpc_body::{CONNECTION_WINDOW, MAX_HEADER_LIST_BYTES, STREAM_WINDOW};
 
 /// The largest HTTP/2 frame a client may send (the protocol's smallest maximum): what one
 /// read of a body brings at most.

@@ -66,7 +66,7 @@ fn cut_to_make_room(rejection: &BytesRejection) -> Option<String> {
     let mut source: Option<&(dyn std::error::Error + 'static)> = Some(rejection);
     while let Some(error) = source {
         if let Some(status) = error.downcast_ref::<tonic::Status>()
-            && crate::grpc_body::is_cut(status)
+            && super::grpc_body::is_cut(status)
         {
             return Some(format!("{}\n", status.message()));
         }

@@ -17,6 +17,10 @@
 //! once the report's other buckets are answered (the data plane keeps their assignments,
 //! and reports again on a new stream). Shutdown ends every stream with UNAVAILABLE, so data
 //! planes reconnect to another replica.
+//!
+//! The wire is `edge/rlqs.rs`'s: it turns a gRPC call into a stream here
+//! ([`QuotaService::serve`]), and what it read into [`Incoming`]; in process, tests and the
+//! fuzzer open streams with [`QuotaService::connect`] and [`QuotaService::replay`].
 
 pub mod assign;
 mod bucket;
@@ -24,14 +28,13 @@ pub mod charge;
 mod refusal;
 
 use std::collections::{HashMap, HashSet};
-use std::pin::Pin;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use futures_util::{Stream, StreamExt};
 use tokio::sync::{mpsc, watch};
-use tonic::{Request, Response, Status, Streaming};
+use tonic::Status;
 
 use crate::proto::envoy::r#type::v3::TokenBucket;
 use crate::proto::envoy::r#type::v3::rate_limit_strategy::{BlanketRule, Strategy};
@@ -40,7 +43,6 @@ use crate::proto::envoy::service::rate_limit_quota::v3::rate_limit_quota_respons
 use crate::proto::envoy::service::rate_limit_quota::v3::rate_limit_quota_response::bucket_action::{
     AbandonAction, BucketAction as Action, QuotaAssignmentAction,
 };
-use crate::proto::envoy::service::rate_limit_quota::v3::rate_limit_quota_service_server::RateLimitQuotaService;
 use crate::proto::envoy::service::rate_limit_quota::v3::rate_limit_quota_usage_reports::BucketQuotaUsage;
 use crate::proto::envoy::service::rate_limit_quota::v3::{
     BucketId, RateLimitQuotaResponse, RateLimitQuotaUsageReports,
@@ -55,9 +57,7 @@ use charge::{
 };
 use assign::{Assignment, REPORT_INTERVAL};
 use bucket::{Bucket, micros, share};
-use refusal::{bucket_key, cut, describe, listed, quoted, undecodable};
-
-pub use crate::proto::envoy::service::rate_limit_quota::v3::rate_limit_quota_service_server::RateLimitQuotaServiceServer;
+use refusal::{bucket_key, cut, describe, listed, quoted};
 
 /// The name of a report's span.
 const REPORT_SPAN: &str = "floodgate.rlqs.report";
@@ -122,6 +122,22 @@ impl Remembered {
     }
 }
 
+/// What a stream reads from its data plane, as the transport (`edge/rlqs.rs`) tells it.
+#[derive(Debug)]
+pub enum Incoming {
+    /// A report.
+    Report(RateLimitQuotaUsageReports),
+    /// A message that does not decode as a report (too large, or not one), and why: the
+    /// stream is refused INVALID_ARGUMENT.
+    Undecodable(String),
+    /// The transport cut the stream to make room for others: the data plane is told so
+    /// (this status), and may open a stream again at once.
+    Cut(Status),
+}
+
+/// What a stream sends its data plane: an answer, or the status that ends the stream.
+pub type Outgoing = Result<RateLimitQuotaResponse, Status>;
+
 /// An in-process RLQS stream: reports go in, what the stream sends comes out.
 pub type Connection = (
     mpsc::Sender<RateLimitQuotaUsageReports>,
@@ -171,13 +187,25 @@ impl QuotaService {
     /// reports, receive what the stream sends, up to the status that ends it.
     pub fn connect(&self) -> Connection {
         let (reports, incoming) = mpsc::channel(16);
-        let (answers, receiver) = mpsc::channel(16);
-        let stream = self.open(http::HeaderMap::new());
         let incoming = futures_util::stream::unfold(incoming, |mut incoming| async move {
-            incoming.recv().await.map(|report| (Ok(report), incoming))
+            (incoming.recv().await).map(|report| (Incoming::Report(report), incoming))
         });
-        tokio::spawn(stream.run(Box::pin(incoming), answers, self.stopped.clone()));
+        let receiver = self.serve(http::HeaderMap::new(), Box::pin(incoming));
         (reports, receiver)
+    }
+
+    /// Serves one data plane's stream, whose request carried `headers`, on a task of its
+    /// own: what it reads comes from `incoming` (its end is the data plane's), what it
+    /// sends, up to the status that ends it, from the receiver.
+    pub fn serve(
+        &self,
+        headers: http::HeaderMap,
+        incoming: impl Stream<Item = Incoming> + Send + Unpin + 'static,
+    ) -> mpsc::Receiver<Outgoing> {
+        let (answers, receiver) = mpsc::channel(16);
+        let stream = self.open(headers);
+        tokio::spawn(stream.run(incoming, answers, self.stopped.clone()));
+        receiver
     }
 
     /// Answers `reports` as one stream's, without a transport: what the stream sends back,
@@ -189,7 +217,7 @@ impl QuotaService {
     ) -> Vec<Result<RateLimitQuotaResponse, Status>> {
         let (answers, mut receiver) = mpsc::channel(16);
         let stream = self.open(http::HeaderMap::new());
-        let reports = futures_util::stream::iter(reports.into_iter().map(Ok));
+        let reports = futures_util::stream::iter(reports.into_iter().map(Incoming::Report));
         let run = stream.run(reports, answers, self.stopped.clone());
         let sent = async {
             let mut sent = Vec::new();
@@ -217,26 +245,6 @@ impl QuotaService {
             holds: 0,
             forgetting_logged: false,
         }
-    }
-}
-
-type Answers = Pin<Box<dyn Stream<Item = Result<RateLimitQuotaResponse, Status>> + Send>>;
-
-#[tonic::async_trait]
-impl RateLimitQuotaService for QuotaService {
-    type StreamRateLimitQuotasStream = Answers;
-
-    async fn stream_rate_limit_quotas(
-        &self,
-        request: Request<Streaming<RateLimitQuotaUsageReports>>,
-    ) -> Result<Response<Answers>, Status> {
-        let (answers, receiver) = mpsc::channel(16);
-        let stream = self.open(request.metadata().clone().into_headers());
-        tokio::spawn(stream.run(request.into_inner(), answers, self.stopped.clone()));
-        let answers = futures_util::stream::unfold(receiver, |mut receiver| async move {
-            receiver.recv().await.map(|answer| (answer, receiver))
-        });
-        Ok(Response::new(Box::pin(answers)))
     }
 }
 
@@ -314,7 +322,8 @@ enum Verdict {
 
 /// What woke a stream up.
 enum Event {
-    Report(Option<Result<RateLimitQuotaUsageReports, Status>>),
+    /// Something read from the data plane; `None` when it ended the stream.
+    Read(Option<Incoming>),
     Reset,
 }
 
@@ -324,33 +333,28 @@ impl QuotaStream {
     /// the server stops.
     async fn run(
         mut self,
-        mut reports: impl Stream<Item = Result<RateLimitQuotaUsageReports, Status>> + Unpin,
-        answers: mpsc::Sender<Result<RateLimitQuotaResponse, Status>>,
+        mut incoming: impl Stream<Item = Incoming> + Unpin,
+        answers: mpsc::Sender<Outgoing>,
         mut stopped: watch::Receiver<bool>,
     ) {
         // The status that ends the stream, if floodgate ends it.
         let ending = loop {
             let push_at = self.buckets.values().filter_map(|b| b.push_at).min();
             let event = tokio::select! {
-                report = reports.next() => Event::Report(report),
+                read = incoming.next() => Event::Read(read),
                 () = stopping(&mut stopped) => {
                     break Some(Status::unavailable("floodgate is shutting down: report to another replica"));
                 }
                 () = sleep_until(self.clock.as_ref(), push_at) => Event::Reset,
             };
             let reply = match event {
-                Event::Report(Some(Ok(report))) => self.traced_answer(report).await,
-                // Cut to make room for others (`grpc_body.rs`): the data plane is told so,
-                // and may open a stream again at once.
-                Event::Report(Some(Err(status))) if crate::grpc_body::is_cut(&status) => {
-                    break Some(status);
+                Event::Read(Some(Incoming::Report(report))) => self.traced_answer(report).await,
+                Event::Read(Some(Incoming::Undecodable(why))) => {
+                    Reply::forbidden(Status::invalid_argument(why))
                 }
-                Event::Report(Some(Err(status))) => match undecodable(&status) {
-                    Some(why) => Reply::forbidden(Status::invalid_argument(why)),
-                    // The data plane ended the stream, or its connection broke.
-                    None => break None,
-                },
-                Event::Report(None) => break None,
+                Event::Read(Some(Incoming::Cut(status))) => break Some(status),
+                // The data plane ended the stream, or its connection broke.
+                Event::Read(None) => break None,
                 Event::Reset => Reply {
                     actions: self.at_reset().await,
                     refusal: None,

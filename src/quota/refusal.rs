@@ -1,43 +1,12 @@
 //! What a stream says when it refuses a report or a bucket: a status message of a few
 //! hundred bytes, whatever the report held, and why a bucket cannot be a descriptor.
 
-use tonic::{Code as GrpcCode, Status};
-
 use crate::proto::envoy::service::rate_limit_quota::v3::BucketId;
 use crate::proto::envoy::service::rate_limit_quota::v3::rate_limit_quota_usage_reports::BucketQuotaUsage;
 use crate::rules::Entry;
 use crate::settings::RequestLimits;
 
 use super::BucketKey;
-
-/// Why a report read from the stream is refused, when the transport's error says it does
-/// not decode (too large, or not a report), rather than that the data plane went away.
-pub(super) fn undecodable(status: &Status) -> Option<String> {
-    let transport = std::error::Error::source(status).is_some();
-    match status.code() {
-        GrpcCode::OutOfRange | GrpcCode::ResourceExhausted => Some(format!(
-            "the report is too large to read: {}",
-            cut_message(status.message())
-        )),
-        // The codec's own refusal (`edge::codec`), or one it let through.
-        GrpcCode::InvalidArgument | GrpcCode::Internal if !transport => {
-            let why = status.message();
-            let why = why
-                .strip_prefix("the message does not decode: ")
-                .unwrap_or(why);
-            Some(format!(
-                "the report does not decode as RateLimitQuotaUsageReports: {}",
-                cut_message(why)
-            ))
-        }
-        _ => None,
-    }
-}
-
-/// A transport's message cut to a few hundred characters.
-pub(super) fn cut_message(message: &str) -> String {
-    message.chars().take(300).collect()
-}
 
 /// Buckets a refusal names; the others are counted. A status message travels in a header,
 /// which clients cap (16 KiB is common): a refusal stays a few hundred bytes.

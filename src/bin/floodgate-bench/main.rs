@@ -10,7 +10,7 @@
 //!   due.
 //!
 //! Descriptor values are drawn uniformly from `--keys` distinct values. Every request carries
-//! a deadline (`--timeout-ms`) and ends in one [`AnswerClass`]. Over the measured interval (after
+//! a deadline (`--timeout-ms`) and ends in one [`AnswerClass`](outcome::AnswerClass). Over the measured interval (after
 //! `--warmup`) a run reports each outcome's count and rate, exact latency percentiles of the
 //! decided requests, the CPU time per decision of the server, Redis and the generator itself
 //! (from `/proc/<pid>/stat`) and the Redis commands per decision (from `INFO commandstats`),
