@@ -3,11 +3,11 @@
 //!
 //! The rooms: `standalone.rs` (one server, or Sentinel's primary) and `cluster.rs` (a Redis
 //! Cluster, with `slots.rs` and its rooms in `cluster/`) are the backends; `batcher.rs` is a
-//! connection's queue, `script.rs` the Lua call and its reply, `connect.rs` where
-//! connections come from, `deadline.rs` Redis' clock, `capacity.rs` how much work a
-//! connection admits (with `recent.rs`, the least of recent samples). Both backends are a
-//! [`RemoteStore`](crate::backend::RemoteStore). This file holds what they share: the
-//! options and a few helpers.
+//! connection's queue, `script/` the Lua call (`call.rs`) and its reply (`reply.rs`),
+//! `connect.rs` where connections come from, `deadline.rs` Redis' clock, `capacity.rs` how
+//! much work a connection admits (with `recent.rs`, the least of recent samples). Both
+//! backends are a [`RemoteStore`](crate::backend::RemoteStore). This file holds what they
+//! share: the options and a few helpers.
 //!
 //! Connections: a `connect::Source` opens them (a deadpool-redis pool for one address, or
 //! the sentinels' current primary); the backend keeps `pool_size` of them for good and hands
