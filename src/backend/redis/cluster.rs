@@ -47,7 +47,7 @@ use crate::limiter::{CounterKey, Decision, Limit};
 use super::batcher::Shared;
 use super::script::{RedisHit, Scripts};
 use super::slots::{Node, not_served_here};
-use super::{RedisOptions, request_deadline};
+use super::{RedisOptions, request_deadline, seeds};
 use node::NodeConnector;
 use redirect::run_call;
 pub(super) use topology::Topology;
@@ -331,19 +331,6 @@ impl RemoteStore for RedisClusterBackend {
     fn open_at_start(&self, error: &dyn std::fmt::Display) {
         self.topology.open_at_start(error);
     }
-}
-
-/// The URLs of a comma-separated list (cluster seeds, sentinels), blanks around them ignored.
-pub(super) fn seeds(urls: &str) -> Result<Vec<&str>, BackendError> {
-    let seeds: Vec<&str> = urls
-        .split(',')
-        .map(str::trim)
-        .filter(|url| !url.is_empty())
-        .collect();
-    if seeds.is_empty() {
-        return Err(BackendError::Config("no URL in the redis url".into()));
-    }
-    Ok(seeds)
 }
 
 #[cfg(test)]

@@ -155,7 +155,7 @@ impl Source {
                     .into(),
             ));
         }
-        let urls = super::cluster::seeds(&options.url)?;
+        let urls = super::seeds(&options.url)?;
         let sentinels = urls
             .iter()
             .map(|url| {

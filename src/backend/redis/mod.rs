@@ -142,6 +142,19 @@ impl RedisOptions {
 
 /// A password as a setting gives it: an empty one (a Kubernetes Secret key left blank) is
 /// none.
+/// The URLs of a comma-separated list (cluster seeds, sentinels), blanks around them ignored.
+fn seeds(urls: &str) -> Result<Vec<&str>, BackendError> {
+    let seeds: Vec<&str> = urls
+        .split(',')
+        .map(str::trim)
+        .filter(|url| !url.is_empty())
+        .collect();
+    if seeds.is_empty() {
+        return Err(BackendError::Config("no URL in the redis url".into()));
+    }
+    Ok(seeds)
+}
+
 fn usable(password: &Option<Password>) -> Option<Password> {
     password
         .clone()
