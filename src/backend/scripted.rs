@@ -3,6 +3,7 @@
 //! implements is here ([`RemoteStore`]); the breaker, the over-limit cache and the
 //! per-second split around it are the real ones.
 
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::Duration;
 
@@ -27,6 +28,15 @@ impl ScriptedStore {
             down: AtomicBool::new(false),
             calls: AtomicUsize::new(0),
         }
+    }
+
+    /// The store the settings' `scripted` section describes, counting in memory on the
+    /// system clock.
+    pub fn from_settings(settings: &crate::settings::ScriptedSettings) -> Self {
+        let clock = Arc::new(crate::clock::SystemClock);
+        let store = ScriptedStore::new(MemoryBackend::new(clock, 1_000));
+        store.set_down(settings.down);
+        store
     }
 
     /// From now on every call fails (`true`), or is answered (`false`).
@@ -93,5 +103,60 @@ impl RemoteStore for ScriptedStore {
 
     fn max_wait(&self) -> Duration {
         Duration::from_millis(40)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::borrow::Cow;
+    use std::sync::Arc;
+
+    use crate::backend::{Backend, BackendError, CounterHit, MemoryBackend, OnReject};
+    use crate::clock::SystemClock;
+    use crate::limiter::{CounterKey, Hits, Limit, Unit};
+    use crate::settings::Settings;
+
+    /// A backend built from settings that name the scripted store, with `more` settings.
+    async fn from_settings(more: &[(&str, &str)]) -> Backend {
+        let env = [("FLOODGATE_BACKEND", "scripted")].iter().chain(more);
+        let env = env.map(|(name, value)| (name.to_string(), value.to_string()));
+        let settings = Settings::load_from(None, env, Default::default()).expect("settings");
+        let clock = Arc::new(SystemClock);
+        let memory = Arc::new(MemoryBackend::new(clock.clone(), 1_000));
+        (Backend::from_settings(&settings, clock, &memory).await).expect("a backend")
+    }
+
+    fn hit(limit: &Limit) -> CounterHit<'static> {
+        CounterHit {
+            key: CounterKey::new("d", "r", 0, limit, [("user", "alice")]),
+            limit: Cow::Owned(limit.clone()),
+            hits: Hits::take(1),
+            binding: true,
+        }
+    }
+
+    /// A store is one file, one arm in `setup.rs` and one settings section: named in the
+    /// settings, this one is built, sits behind the breaker and the cache every remote store
+    /// gets, counts, and reads its own section.
+    #[tokio::test]
+    async fn the_store_the_settings_name_is_built_with_its_own_section() {
+        let limit = Limit::per(1, Unit::Minute);
+        let backend = from_settings(&[]).await;
+        assert_eq!(backend.kind(), "scripted");
+        assert_eq!(allowed(&backend, &limit).await, Ok(true));
+        assert_eq!(allowed(&backend, &limit).await, Ok(false));
+        let down = from_settings(&[("FLOODGATE_SCRIPTED__DOWN", "true")]).await;
+        assert!(matches!(
+            allowed(&down, &limit).await,
+            Err(BackendError::Unavailable(_))
+        ));
+    }
+
+    /// Whether one hit on `limit` is allowed, or the error that failed it.
+    async fn allowed(backend: &Backend, limit: &Limit) -> Result<bool, BackendError> {
+        let answers = backend
+            .hit_all(&[hit(limit)], OnReject::Consume, None)
+            .await;
+        answers.results[0].clone().map(|decision| decision.allowed)
     }
 }

@@ -46,6 +46,11 @@ impl Backend {
         let main = RedisOptions::from_settings(redis, tls.clone());
         let backend = match settings.backend {
             BackendKind::Memory => Backend::memory(memory.clone()),
+            #[cfg(test)]
+            BackendKind::Scripted => {
+                let store = super::scripted::ScriptedStore::from_settings(&settings.scripted);
+                remote((Arc::new(store), None))
+            }
             kind => {
                 remote(redis_store("redis", kind, main, &clock, breakers, &redis.startup).await?)
             }
@@ -97,10 +102,9 @@ async fn redis_store(
         BackendKind::RedisCluster => {
             Arc::new(RedisClusterBackend::new(options, clock.clone(), breakers).map_err(in_role)?)
         }
-        BackendKind::Memory => {
-            return Err(in_role(BackendError::Config(
-                "memory is not a Redis".into(),
-            )));
+        other => {
+            let why = format!("{} is not a Redis", other.name());
+            return Err(in_role(BackendError::Config(why)));
         }
     };
     let Err(error) = store.prepare().await else {

@@ -12,12 +12,16 @@ use crate::rules::OnBackendError;
 
 mod limits;
 mod redis;
+#[cfg(test)]
+mod scripted;
 mod statsd;
 mod tls;
 mod xds;
 
 pub use limits::{ConnectionLimits, DEFAULT_MAX_REQUEST_BYTES_HELD, RequestLimits};
 pub use redis::{DEFAULT_REDIS_MAX_WAIT_MS, PerSecondRedis, RedisSettings, RedisStartup};
+#[cfg(test)]
+pub use scripted::ScriptedSettings;
 use statsd::check_mogrifier;
 pub use statsd::{Mogrifier, StatsdFormat, StatsdProtocol, StatsdSettings};
 pub use tls::ListenerTls;
@@ -71,6 +75,10 @@ pub enum BackendKind {
     /// The primary Redis Sentinel names (`redis_url` lists the sentinels, comma-separated);
     /// followed through failovers.
     RedisSentinel,
+    /// The unit tests' store (`backend/scripted.rs`): the smallest whole example of a store
+    /// named in the settings, with a section of its own (`scripted`).
+    #[cfg(test)]
+    Scripted,
 }
 
 impl BackendKind {
@@ -80,6 +88,8 @@ impl BackendKind {
             BackendKind::Redis => "redis",
             BackendKind::RedisCluster => "redis-cluster",
             BackendKind::RedisSentinel => "redis-sentinel",
+            #[cfg(test)]
+            BackendKind::Scripted => "scripted",
         }
     }
 }
@@ -145,6 +155,9 @@ pub struct Settings {
     /// The most counters held in memory (the memory backend, and the `local` failure
     /// policy's counters); past it a new counter takes the place of one expiring soon.
     pub memory_max_counters: usize,
+    /// The unit tests' store's section (`backend: scripted`).
+    #[cfg(test)]
+    pub scripted: ScriptedSettings,
     /// The `redis_*` settings, read from the same layers into a section of their own.
     #[serde(skip)]
     pub redis: RedisSettings,
@@ -230,6 +243,8 @@ impl Default for Settings {
             xds: XdsSettings::default(),
             backend: BackendKind::Memory,
             memory_max_counters: DEFAULT_MEMORY_MAX_COUNTERS,
+            #[cfg(test)]
+            scripted: ScriptedSettings::default(),
             redis: RedisSettings::default(),
             shadow_mode: false,
             near_limit_ratio: 0.8,
