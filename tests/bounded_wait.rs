@@ -183,6 +183,8 @@ async fn until_decided(server: &Floodgate) {
 
 /// One decided hit per client before the fault, so counters and connections exist.
 async fn one_hit_each(server: &Floodgate) -> Vec<u64> {
+    let look = request("bounded", vec![costing("user", "probe", 0)]);
+    server.look_until_decided(look).await;
     for client in 0..CLIENTS {
         let hit = request(
             "bounded",

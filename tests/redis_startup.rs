@@ -8,7 +8,7 @@ mod redis_harness;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use harness::{Floodgate, OK, OVER_LIMIT, descriptor, request};
+use harness::{Floodgate, OK, OVER_LIMIT, costing, descriptor, request};
 use redis_harness::RedisServer;
 
 const RULES: &str = "\
@@ -49,7 +49,9 @@ async fn the_start_waits_for_a_redis_that_comes_up_later() {
         "{log}"
     );
     assert!(log.contains("redis answered at start-up"), "{log}");
-    // Counted in Redis, exactly.
+    // Counted in Redis, exactly (once the first calls have opened the connections).
+    let look = request("startup", vec![costing("user", "late", 0)]);
+    server.look_until_decided(look).await;
     let ask = || request("startup", vec![descriptor(&[("user", "late")])]);
     assert_eq!(server.ask(ask()).await.overall_code, OK);
     assert_eq!(server.ask(ask()).await.overall_code, OK);

@@ -227,6 +227,24 @@ impl Floodgate {
             .into_inner()
     }
 
+    /// Asks `look` (a request that counts nothing: every descriptor's `hits_addend` 0) until
+    /// the backend decides it, for up to 20 s: the server's first calls open its connections
+    /// and load the script, which on a busy machine may take longer than one request's wait.
+    /// For a test whose subject is what comes after, not that first wait.
+    pub async fn look_until_decided(&self, look: RateLimitRequest) {
+        let deadline = std::time::Instant::now() + Duration::from_secs(20);
+        loop {
+            match self.client().await.should_rate_limit(look.clone()).await {
+                Ok(_) => return,
+                Err(status) if std::time::Instant::now() < deadline => {
+                    assert_eq!(status.code(), tonic::Code::Unavailable, "{status:?}");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+                Err(status) => panic!("the backend never decided: {status:?}"),
+            }
+        }
+    }
+
     /// One request; the gRPC error.
     pub async fn ask_err(&self, request: RateLimitRequest) -> tonic::Status {
         self.client()
