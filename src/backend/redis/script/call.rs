@@ -88,7 +88,7 @@ impl<'a> Plan<'a> {
 /// The EVALSHA that decides every group, in order, in one script call that reads the clock
 /// once (`lua/batch.lua`). `local_now` is this process's clock, used only to compute calendar
 /// windows around now (the script picks the one that contains Redis' time). A call that
-/// runs after `deadline` (µs on the script's clock) decides nothing: [`Answer::Late`].
+/// runs after `deadline` (µs on the script's clock) decides nothing: [`Answer::Late`](super::Answer::Late).
 pub fn batch_call(
     scripts: &Scripts,
     groups: &[Group<'_>],

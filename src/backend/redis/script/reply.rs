@@ -179,7 +179,7 @@ fn non_negative(value: i64, what: &str) -> Result<u64, String> {
     u64::try_from(value).map_err(|_| format!("rate-limit script replied {what} = {value}, below 0"))
 }
 
-/// Reads the reply to [`add_call`]: the one hit's decision, or its error (a call Redis ran
+/// Reads the reply to [`add_call`](super::add_call): the one hit's decision, or its error (a call Redis ran
 /// past its deadline is [`BackendError::Late`]: its request has been answered already).
 pub fn decision(reply: &redis::Value) -> Result<Decision, BackendError> {
     // The reading needs only the call's shape: one hit, decided on its own.
