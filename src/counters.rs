@@ -7,7 +7,7 @@
 use std::borrow::Cow;
 
 use crate::backend::{BackendError, CounterHit};
-use crate::limiter::{CounterKey, Decision, Hits, Limit};
+use crate::limiter::{CounterKey, Decision, Limit};
 use crate::rules::Entry;
 pub use crate::service::NoCounters;
 use crate::service::RateLimiter;
@@ -30,12 +30,7 @@ pub async fn read(
 ) -> Result<(String, Vec<CounterState>), NoCounters> {
     let found = limiter.descriptor_counters(domain, entries)?;
     let checks: Vec<CounterHit<'_>> = (found.counters.iter())
-        .map(|(_, key, limit)| CounterHit {
-            key: key.clone(),
-            limit: Cow::Borrowed(limit),
-            hits: Hits::take(0),
-            binding: false,
-        })
+        .map(|(_, key, limit)| CounterHit::check(key.clone(), Cow::Borrowed(limit)))
         .collect();
     let states = limiter.count(&checks, None).await;
     let states = (found.counters.into_iter())

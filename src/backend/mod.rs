@@ -48,6 +48,36 @@ pub struct CounterHit<'a> {
     pub binding: bool,
 }
 
+impl<'a> CounterHit<'a> {
+    /// `hits` on the counter `key` under `limit`; `binding` when its rejection rejects the
+    /// request. Every counter hit is built here: a request's (ShouldRateLimit), or one of
+    /// the two below.
+    pub fn new(key: CounterKey, limit: Cow<'a, Limit>, hits: Hits, binding: bool) -> Self {
+        CounterHit {
+            key,
+            limit,
+            hits,
+            binding,
+        }
+    }
+
+    /// A check: reads the counter `key` under `limit` and changes nothing (cost 0); it
+    /// rejects no request (the admin API's read, an RLQS bucket's look before its charge).
+    pub fn check(key: CounterKey, limit: Cow<'a, Limit>) -> Self {
+        CounterHit::new(key, limit, Hits::take(0), false)
+    }
+
+    /// Usage let through already (an RLQS report's `amount`): counted on `key` whatever the
+    /// count, as an overshoot, rejecting no request.
+    pub fn usage(key: CounterKey, limit: &Limit, amount: u64) -> Self {
+        let limit = Limit {
+            overshoot: true,
+            ..limit.clone()
+        };
+        CounterHit::new(key, Cow::Owned(limit), Hits::take(amount), false)
+    }
+}
+
 /// What a rejected request does to the counters of its other hits: the `consume_on_reject`
 /// setting.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]

@@ -9,7 +9,7 @@ use futures_util::StreamExt;
 use tokio::time::Instant;
 
 use crate::backend::{BackendError, CounterHit};
-use crate::limiter::{Algorithm, CounterKey, Decision, Hits, Limit, Unit};
+use crate::limiter::{Algorithm, CounterKey, Decision, Limit, Unit};
 use crate::rules::{
     Domain, Entry, Judged, Match, NamedLimit, OnBackendError, Policy, Rule, RuleSet,
 };
@@ -339,22 +339,8 @@ fn charge_hits<'a>(
     let keys: Vec<CounterKey> =
         CounterKey::of_rule(domain, found.rule.id.as_str(), named, &found.entries).collect();
     (limits.iter().zip(keys)).flat_map(move |(named, key)| {
-        let look = CounterHit {
-            key: key.clone(),
-            limit: Cow::Owned(named.limit.clone()),
-            hits: Hits::take(0),
-            binding: false,
-        };
-        let charge = CounterHit {
-            key,
-            limit: Cow::Owned(Limit {
-                overshoot: true,
-                ..named.limit.clone()
-            }),
-            hits: Hits::take(allowed),
-            binding: false,
-        };
-        [look, charge]
+        let look = CounterHit::check(key.clone(), Cow::Owned(named.limit.clone()));
+        [look, CounterHit::usage(key, &named.limit, allowed)]
     })
 }
 
@@ -426,12 +412,8 @@ fn demand_hits<'a>(domain: &str, found: &Match<'_>, demand: DemandReport) -> [Co
     };
     let hit = |period: u64, amount: u64| {
         let rule = format!("{}~rlqs-demand-{period}", found.rule.id);
-        CounterHit {
-            key: CounterKey::new(domain, &rule, 0, &limit, found.entries.iter().copied()),
-            limit: Cow::Owned(limit.clone()),
-            hits: Hits::take(amount),
-            binding: false,
-        }
+        let key = CounterKey::new(domain, &rule, 0, &limit, found.entries.iter().copied());
+        CounterHit::usage(key, &limit, amount)
     };
     [
         hit(demand.period, 0),

@@ -370,12 +370,7 @@ impl RateLimiter {
             let limited = limits.iter().map(|(_, limit)| limit.as_ref());
             let keys = CounterKey::of_rule(&request.domain, rule_id, limited, entries);
             for ((_, limit), key) in limits.iter().zip(keys) {
-                hits.push(CounterHit {
-                    key,
-                    limit: limit.clone(),
-                    hits: cost,
-                    binding,
-                });
+                hits.push(CounterHit::new(key, limit.clone(), cost, binding));
             }
         }
         (hits, policies)
