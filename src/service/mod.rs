@@ -19,6 +19,7 @@ mod stats;
 
 use std::borrow::Cow;
 use std::sync::Arc;
+use std::time::Duration;
 
 use arc_swap::ArcSwap;
 use tokio::time::Instant;
@@ -120,6 +121,8 @@ pub enum NoCounters {
 pub struct RateLimiter {
     rules: ArcSwap<RuleSet>,
     backend: Backend,
+    /// The backend's [`max_wait`](Backend::max_wait), read once: it is fixed at start-up.
+    backend_max_wait: Option<Duration>,
     /// Decides the hits of `on_backend_error: local` rules while the backend fails.
     local: Arc<MemoryBackend>,
     options: ServiceOptions,
@@ -170,6 +173,7 @@ impl RateLimiter {
         metrics.config_loads().record(true);
         RateLimiter {
             rules: ArcSwap::from_pointee(rules),
+            backend_max_wait: backend.max_wait(),
             backend,
             local,
             options,
@@ -197,7 +201,7 @@ impl RateLimiter {
     /// caller's deadline, or the backend's [`max_wait`](Backend::max_wait) from now if
     /// sooner (the memory backend answers at once, and needs none).
     fn backend_deadline(&self, caller: Option<Instant>) -> Option<Instant> {
-        let Some(max_wait) = self.backend.max_wait() else {
+        let Some(max_wait) = self.backend_max_wait else {
             return caller;
         };
         let ours = Instant::now() + max_wait;
