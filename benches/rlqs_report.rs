@@ -1,11 +1,23 @@
-//! One Rate Limit Quota Service report of many buckets, against a real redis-server: how
-//! long floodgate takes to charge every bucket to its counters and answer. Each bucket is a
-//! user of its own, so every report touches as many counters as it has buckets.
+//! Rate Limit Quota Service reports of many buckets, against the real server (and a real
+//! redis-server): how long floodgate takes to charge every bucket to its counters and
+//! answer, and what that costs in CPU per bucket, the server's and Redis', read from
+//! `/proc` as `floodgate-bench` reads them. Each bucket is a user of its own.
 //!
-//! `cargo bench --bench rlqs_report` (redis-server on the PATH). `BUCKETS` (default 10000)
-//! buckets a report, `REPORTS` (default 5) reports on one stream, the first of them a new
-//! bucket's (its counters are created); `SERVER_BIN` measures another build of the server
-//! (default: this tree's release build), `ROUNDS` (default 1) alternates them with it.
+//! `cargo bench --bench rlqs_report` (redis-server on the PATH). Settings, from the
+//! environment:
+//!
+//! - `BACKENDS` (default `redis`): `redis`, `memory`, or both (`"redis memory"`);
+//! - `STREAMS` (default 1) streams, each a data plane of its own on a connection of its own,
+//!   reporting the same `BUCKETS` (default 10000) buckets `REPORTS` (default 5) times;
+//! - `SPREAD` (seconds; default 0 for one stream, 5 for more): a report cycle's length, the
+//!   streams' reports spread evenly over it as a fleet's Envoys send them (each on its own
+//!   5 s timer); 0 sends each report as soon as the last was answered;
+//! - `SERVER_BIN` measures another build of the server beside this tree's release build,
+//!   `ROUNDS` (default 1) times, alternated (`THIS_TREE=0`: that build alone);
+//! - `COMMANDS=1` prints what Redis ran for the steady reports, by command (its
+//!   `INFO commandstats`, commands run by the scripts included).
+//!
+//! The first cycle creates the counters; time and CPU are of the cycles after it.
 
 #[path = "../tests/harness/mod.rs"]
 mod harness;
@@ -15,12 +27,12 @@ mod redis_harness;
 mod support;
 
 use std::collections::HashMap;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use floodgate::proto::envoy::service::rate_limit_quota::v3::rate_limit_quota_service_client::RateLimitQuotaServiceClient;
 use floodgate::proto::envoy::service::rate_limit_quota::v3::rate_limit_quota_usage_reports::BucketQuotaUsage;
 use floodgate::proto::envoy::service::rate_limit_quota::v3::{
-    BucketId, RateLimitQuotaUsageReports,
+    BucketId, RateLimitQuotaResponse, RateLimitQuotaUsageReports,
 };
 use harness::Floodgate;
 use redis_harness::RedisServer;
@@ -33,7 +45,45 @@ descriptors:
     rate_limit: {unit: hour, requests_per_unit: 1000000}
 ";
 
-/// A report of `buckets` users, each of which let one request through in `elapsed` s.
+/// What a run is: its streams, their buckets and reports, and the cycle they are spread over.
+#[derive(Clone, Copy)]
+struct Shape {
+    streams: usize,
+    buckets: usize,
+    reports: usize,
+    spread: Duration,
+}
+
+impl Shape {
+    fn from_env() -> Shape {
+        let streams = setting("STREAMS", 1).max(1);
+        let spread = setting("SPREAD", if streams > 1 { 5 } else { 0 });
+        Shape {
+            streams,
+            buckets: setting("BUCKETS", 10_000),
+            reports: setting("REPORTS", 5).max(2),
+            spread: Duration::from_secs(spread as u64),
+        }
+    }
+
+    /// When stream `stream` sends its report of cycle `cycle`, after `start`; `None`: as soon
+    /// as its last report was answered.
+    fn sends_at(&self, start: Instant, stream: usize, cycle: usize) -> Option<Instant> {
+        if self.spread.is_zero() {
+            return None;
+        }
+        let phase = self.spread.mul_f64(stream as f64 / self.streams as f64);
+        Some(start + self.spread * cycle as u32 + phase)
+    }
+
+    /// The (bucket, stream) pairs the steady cycles charged.
+    fn steady_pairs(&self) -> f64 {
+        (self.streams * self.buckets * (self.reports - 1)) as f64
+    }
+}
+
+/// A report of `buckets` users, which let one to four requests through in `elapsed` s (as
+/// real buckets, each its own: a report's counts differ from bucket to bucket).
 fn report(buckets: usize, elapsed: i64) -> RateLimitQuotaUsageReports {
     RateLimitQuotaUsageReports {
         domain: "bench".into(),
@@ -46,72 +96,248 @@ fn report(buckets: usize, elapsed: i64) -> RateLimitQuotaUsageReports {
                     seconds: elapsed,
                     nanos: 0,
                 }),
-                num_requests_allowed: 1,
+                num_requests_allowed: 1 + i as u64 % 4,
                 num_requests_denied: 0,
             })
             .collect(),
     }
 }
 
-/// How long each of `reports` reports of `buckets` buckets took to be answered, on one
-/// stream to a server started by `prefix` (empty: this tree's build) on a fresh Redis.
-async fn measure(prefix: &[&str], buckets: usize, reports: usize) -> Vec<Duration> {
-    let redis = RedisServer::start();
-    let server = Floodgate::start_wrapped(
-        prefix,
-        &[("bench.yaml", RULES)],
-        &["--backend", "redis", "--redis-url", &redis.url()],
-        &[],
-    );
-    let address = format!("http://{}", server.grpc_addr);
-    let mut client = RateLimitQuotaServiceClient::connect(address)
-        .await
-        .expect("a connection");
-    let (sender, outgoing) = tokio::sync::mpsc::channel(1);
-    let outgoing = futures_util::stream::unfold(outgoing, |mut outgoing| async move {
-        outgoing.recv().await.map(|report| (report, outgoing))
-    });
-    let mut answers = (client.stream_rate_limit_quotas(outgoing).await)
-        .expect("the stream opens")
-        .into_inner();
-    let mut took = Vec::new();
-    for index in 0..reports {
-        let elapsed = if index == 0 { 0 } else { 5 };
-        let sent = Instant::now();
-        sender.send(report(buckets, elapsed)).await.expect("sent");
-        let answer = (answers.message().await)
-            .expect("an answer")
-            .expect("not the end");
-        took.push(sent.elapsed());
-        let answered = answer.bucket_action.len();
-        assert_eq!(
-            answered, buckets,
-            "every bucket answered (the backend kept up)"
+/// CPU time every thread of process `pid` has run so far (`/proc/<pid>/task/*/schedstat`,
+/// in nanoseconds: the ticks of `/proc/<pid>/stat` are too coarse for a report of a few
+/// milliseconds).
+fn cpu_time(pid: u32) -> Duration {
+    let tasks = std::fs::read_dir(format!("/proc/{pid}/task")).expect("the process' threads");
+    let nanos: u64 = tasks
+        .filter_map(|task| {
+            let stat = std::fs::read_to_string(task.ok()?.path().join("schedstat")).ok()?;
+            stat.split_whitespace().next()?.parse::<u64>().ok()
+        })
+        .sum();
+    Duration::from_nanos(nanos)
+}
+
+/// The resident memory of process `pid` (`VmRSS` in `/proc/<pid>/status`), in bytes.
+fn resident(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("its status");
+    let kib = (status.lines())
+        .find_map(|line| line.strip_prefix("VmRSS:"))
+        .and_then(|rest| {
+            rest.trim()
+                .trim_end_matches("kB")
+                .trim()
+                .parse::<u64>()
+                .ok()
+        });
+    kib.expect("VmRSS") << 10
+}
+
+/// What a run measured: each steady report's time to its answer, and the CPU the server
+/// and Redis (when there is one) spent on the steady cycles.
+struct Measured {
+    took: Vec<Duration>,
+    server_cpu: Duration,
+    redis_cpu: Option<Duration>,
+    commands: Option<String>,
+    /// The server's resident memory at the end, in bytes.
+    resident: u64,
+}
+
+impl Measured {
+    fn print(&self, name: &str, backend: &str, shape: &Shape) {
+        let mut took = self.took.clone();
+        took.sort();
+        let at = |part: f64| took[((took.len() - 1) as f64 * part).round() as usize];
+        let ms = |duration: Duration| duration.as_secs_f64() * 1000.0;
+        let per_pair = |cpu: Duration| cpu.as_secs_f64() * 1e6 / shape.steady_pairs();
+        let redis = (self.redis_cpu).map_or(String::new(), |cpu| {
+            format!(", Redis {:.2} µs", per_pair(cpu))
+        });
+        println!(
+            "{name}, {backend}, {} × {} buckets{}: ms per report: median {:.0}, p99 {:.0}, max {:.0}; \
+             CPU per bucket per report: server {:.2} µs{redis}; server resident {} MiB",
+            shape.streams,
+            shape.buckets,
+            if shape.spread.is_zero() {
+                String::from(", back to back")
+            } else {
+                format!(" over {} s", shape.spread.as_secs())
+            },
+            ms(at(0.5)),
+            ms(at(0.99)),
+            ms(at(1.0)),
+            per_pair(self.server_cpu),
+            self.resident >> 20,
         );
+        if let Some(commands) = &self.commands {
+            println!("{commands}");
+        }
     }
-    took
+}
+
+/// Runs `shape` against a server started by `prefix` (empty: this tree's build) on
+/// `backend`, on a fresh Redis when it is `redis`.
+async fn measure(prefix: &[&str], backend: &str, shape: Shape) -> Measured {
+    let redis = (backend == "redis").then(RedisServer::start);
+    let mut flags = vec!["--backend", backend];
+    let url = redis.as_ref().map(RedisServer::url);
+    if let Some(url) = &url {
+        flags.extend(["--redis-url", url.as_str()]);
+    }
+    let server = Floodgate::start_wrapped(prefix, &[("bench.yaml", RULES)], &flags, &[]);
+    let mut streams = Vec::new();
+    for _ in 0..shape.streams {
+        streams.push(harness::quota_stream(&server).await);
+    }
+    let first = Arc::new(report(shape.buckets, 0));
+    let steady = Arc::new(report(shape.buckets, 5));
+    let redis_pid = redis.as_ref().map(RedisServer::pid);
+    let sample = || {
+        if let Some(redis) = &redis {
+            redis.command(&["CONFIG", "RESETSTAT"]);
+        }
+        (cpu_time(server.pid()), redis_pid.map(cpu_time))
+    };
+    // The first cycle creates the counters. Back to back, every stream's first report goes
+    // at once and the steady cycles start when all are answered; spread, it is the first
+    // of the cycles and the steady ones are measured from the second.
+    let start = Instant::now() + Duration::from_millis(100);
+    let mut from_cycle = 0;
+    if shape.spread.is_zero() {
+        let first_cycle = (streams.iter_mut())
+            .map(|(reports, answers)| one_report(reports, answers, &first, shape.buckets));
+        let answered: Result<Vec<_>, _> = futures_util::future::join_all(first_cycle)
+            .await
+            .into_iter()
+            .collect();
+        answered.unwrap_or_else(|why| fail(&server, &why));
+        from_cycle = 1;
+    }
+    let mut cpu_before = from_cycle.eq(&1).then(&sample);
+    let cycles = (streams.into_iter().enumerate()).map(|(index, (reports, mut answers))| {
+        let (first, steady) = (first.clone(), steady.clone());
+        tokio::spawn(async move {
+            let mut took = Vec::new();
+            for cycle in from_cycle..shape.reports {
+                let at = shape.sends_at(start, index, cycle);
+                if let Some(at) = at {
+                    tokio::time::sleep_until(at.into()).await;
+                }
+                let report = if cycle == 0 { &first } else { &steady };
+                let answered = one_report(&reports, &mut answers, report, shape.buckets).await;
+                if cycle > 0 {
+                    took.push(answered?);
+                }
+            }
+            Ok::<_, String>(took)
+        })
+    });
+    let cycles: Vec<_> = cycles.collect();
+    if cpu_before.is_none() {
+        tokio::time::sleep_until((start + shape.spread).into()).await;
+        cpu_before = Some(sample());
+    }
+    let cpu_before = cpu_before.expect("sampled");
+    let mut took: Vec<Duration> = Vec::new();
+    for stream in futures_util::future::join_all(cycles).await {
+        match stream.expect("a stream's run") {
+            Ok(answered) => took.extend(answered),
+            Err(why) => fail(&server, &why),
+        }
+    }
+    let server_cpu = cpu_time(server.pid()) - cpu_before.0;
+    let redis_cpu = (redis_pid.zip(cpu_before.1)).map(|(pid, before)| cpu_time(pid) - before);
+    let commands = (redis.as_ref())
+        .filter(|_| std::env::var("COMMANDS").is_ok_and(|on| on == "1"))
+        .map(|redis| commands_per_bucket(redis, &shape));
+    Measured {
+        took,
+        server_cpu,
+        redis_cpu,
+        commands,
+        resident: resident(server.pid()),
+    }
+}
+
+/// Sends `report` on a stream and waits for its answer: how long that took, or why not
+/// every bucket was answered (the backend did not keep up).
+async fn one_report(
+    reports: &tokio::sync::mpsc::Sender<RateLimitQuotaUsageReports>,
+    answers: &mut tonic::Streaming<RateLimitQuotaResponse>,
+    report: &RateLimitQuotaUsageReports,
+    buckets: usize,
+) -> Result<Duration, String> {
+    let sent = Instant::now();
+    reports.send(report.clone()).await.expect("sent");
+    let answer = answers.message().await.expect("an answer");
+    let took = sent.elapsed();
+    let answered = answer.expect("not the end").bucket_action.len();
+    if answered != buckets {
+        return Err(format!("{answered} of {buckets} buckets answered"));
+    }
+    Ok(took)
+}
+
+/// Ends the run: `why`, and what the server logged last.
+fn fail(server: &Floodgate, why: &str) -> ! {
+    let log = server.stderr();
+    let tail: Vec<&str> = log.lines().rev().take(20).collect();
+    let tail: Vec<&str> = tail.into_iter().rev().collect();
+    panic!("{why}; the server's log ends:\n{}", tail.join("\n"));
+}
+
+/// What Redis ran since its statistics were reset, per (bucket, stream) pair of the
+/// steady cycles: calls and µs of each command (`INFO commandstats`).
+fn commands_per_bucket(redis: &RedisServer, shape: &Shape) -> String {
+    let stats = redis.command(&["INFO", "commandstats"]);
+    let pairs = shape.steady_pairs();
+    let mut lines = Vec::new();
+    for line in stats.lines() {
+        let Some((name, fields)) = line.trim().split_once(':') else {
+            continue;
+        };
+        let Some(command) = name.strip_prefix("cmdstat_") else {
+            continue;
+        };
+        let field = |wanted: &str| {
+            (fields.split(','))
+                .find_map(|field| field.strip_prefix(wanted)?.strip_prefix('=')?.parse().ok())
+                .unwrap_or(0.0_f64)
+        };
+        lines.push((
+            field("usec"),
+            format!(
+                "    {command:<16} {:>7.3} calls, {:>6.2} µs per bucket",
+                field("calls") / pairs,
+                field("usec") / pairs
+            ),
+        ));
+    }
+    lines.sort_by(|a, b| b.0.total_cmp(&a.0));
+    let lines: Vec<String> = lines.into_iter().map(|(_, line)| line).collect();
+    format!("  Redis, by command:\n{}", lines.join("\n"))
 }
 
 fn main() {
-    let (buckets, reports) = (setting("BUCKETS", 10_000), setting("REPORTS", 5));
+    let shape = Shape::from_env();
+    let backends = std::env::var("BACKENDS").unwrap_or_else(|_| "redis".into());
     let other = std::env::var("SERVER_BIN").ok();
     // Runs `other` in place of the binary the harness names (its first argument).
     let swap = "bin=$0; shift; exec \"$bin\" \"$@\"";
     let runtime = tokio::runtime::Runtime::new().expect("a runtime");
     for round in 1..=setting("ROUNDS", 1) {
-        let mut builds: Vec<(&str, Vec<&str>)> = vec![("this tree", Vec::new())];
+        let mut builds: Vec<(&str, Vec<&str>)> = Vec::new();
+        if other.is_none() || setting("THIS_TREE", 1) == 1 {
+            builds.push(("this tree", Vec::new()));
+        }
         if let Some(other) = &other {
             builds.push((other.as_str(), vec!["sh", "-c", swap, other.as_str()]));
         }
-        for (name, prefix) in builds {
-            let took = runtime.block_on(measure(&prefix, buckets, reports));
-            let ms: Vec<String> = (took.iter())
-                .map(|took| format!("{:.0}", took.as_secs_f64() * 1000.0))
-                .collect();
-            println!(
-                "round {round}, {name}: {buckets} buckets a report, ms per report: {} (first: new counters)",
-                ms.join(" ")
-            );
+        for backend in backends.split_whitespace() {
+            for (name, prefix) in &builds {
+                let measured = runtime.block_on(measure(prefix, backend, shape));
+                measured.print(&format!("round {round}, {name}"), backend, &shape);
+            }
         }
     }
 }

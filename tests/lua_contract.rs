@@ -89,7 +89,7 @@ async fn every_written_key_expires_just_after_its_state_stops_mattering() {
         Hits::give_back(100),
         Hits::take(3),
     ];
-    for algorithm in Algorithm::ALL {
+    for algorithm in Algorithm::COUNTED {
         let limit = limit(algorithm);
         let key = counter_key("ttl", &limit);
         let mut counter = Counter::new();
@@ -123,7 +123,7 @@ async fn every_written_key_expires_just_after_its_state_stops_mattering() {
 #[tokio::test]
 async fn a_check_on_a_new_counter_creates_no_key() {
     let (_server, mut connection, scripts) = start().await;
-    for algorithm in Algorithm::ALL {
+    for algorithm in Algorithm::COUNTED {
         let limit = limit(algorithm);
         let key = counter_key("check", &limit);
         let decision = lua_support::hit(
@@ -315,7 +315,7 @@ async fn a_sliding_log_whose_total_redis_evicted_counts_its_entries_again() {
 #[tokio::test]
 async fn scripts_read_redis_time_when_no_instant_is_given() {
     let (_server, mut connection, scripts) = start().await;
-    for algorithm in Algorithm::ALL {
+    for algorithm in Algorithm::COUNTED {
         let limit = limit(algorithm);
         let key = counter_key("redis-time", &limit);
         let local_now = 0; // Only calendar windows read it.
@@ -348,6 +348,40 @@ async fn scripts_read_redis_time_when_no_instant_is_given() {
         let ttl = pttl(&mut connection, state).await;
         assert!(ttl > 0 && ttl <= 2_000, "{}: PTTL {ttl}", algorithm.name());
     }
+}
+
+#[tokio::test]
+async fn a_tally_is_forgotten_one_window_after_its_first_hit_by_redis_clock() {
+    // Its expiry is Redis' (a test-supplied clock cannot reach it): waited out in real time.
+    let (_server, mut connection, scripts) = start().await;
+    let limit = Limit {
+        algorithm: Algorithm::Tally,
+        ..Limit::per(100, Unit::Second)
+    };
+    let key = counter_key("tally-expiry", &limit);
+    let connection = &mut connection;
+    let remaining = async |connection: &mut MultiplexedConnection, hits| {
+        let clock = ScriptClock::Redis;
+        let call = lua_support::call(connection, &scripts, key.as_str(), &limit, hits, clock, 0);
+        call.await.expect("a decision").remaining
+    };
+    assert_eq!(remaining(connection, Hits::take(30)).await, 70);
+    assert_eq!(remaining(connection, Hits::take(20)).await, 50, "one sum");
+    let ttl = pttl(connection, key.as_str()).await;
+    assert!(
+        ttl > 0 && ttl <= 1_000,
+        "kept a window from its first hit: PTTL {ttl}"
+    );
+    // Gone after the window, and read as nothing.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while pttl(connection, key.as_str()).await != -2 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the tally outlived its window"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    assert_eq!(remaining(connection, Hits::take(0)).await, 100);
 }
 
 #[tokio::test]

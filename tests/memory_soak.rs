@@ -1,5 +1,5 @@
 //! The Helm chart's memory limit, held against hostile clients. For each load a client can
-//! send, the real binary starts with default settings in a cgroup with the chart's 256 MiB
+//! send, the real binary starts with default settings in a cgroup with the chart's 288 MiB
 //! limit, while a well-behaved client asks it for a decision every 10 ms: unfinished request
 //! bodies on many streams, on many connections, with large headers; RLQS reports that never
 //! end; idle connections past the connection limit; a new counter on every descriptor; RLQS
@@ -38,7 +38,7 @@ descriptors:
 ";
 
 /// The chart's `resources.limits.memory`.
-const CHART_LIMIT: u64 = 256 << 20;
+const CHART_LIMIT: u64 = 288 << 20;
 
 /// The most the server may hold at its peak under any one load.
 const PEAK: u64 = 200 << 20;

@@ -15,7 +15,6 @@ use floodgate::quota::Connection;
 use harness::Floodgate;
 use redis_harness::RedisServer;
 use rlqs_sweep::{Scenario, Timeline, Transport, run_sweep};
-use tokio::sync::mpsc;
 
 /// Floodgate processes: a stream to one is a gRPC stream, its answers forwarded.
 struct Replicas(Vec<Floodgate>);
@@ -23,21 +22,7 @@ struct Replicas(Vec<Floodgate>);
 impl Transport for Replicas {
     async fn connect(&self, replica: usize) -> Connection {
         let server = &self.0[replica % self.0.len()];
-        let (reports, mut incoming) = harness::quota_stream(server).await;
-        let (answers, received) = mpsc::channel(16);
-        tokio::spawn(async move {
-            loop {
-                let answer = match incoming.message().await {
-                    Ok(Some(answer)) => Ok(answer),
-                    Ok(None) => break,
-                    Err(status) => Err(status),
-                };
-                if answers.send(answer).await.is_err() {
-                    break;
-                }
-            }
-        });
-        (reports, received)
+        harness::quota_connection(server).await
     }
 }
 

@@ -4,7 +4,7 @@
 //! state left by another algorithm. Everything else is the algorithm's own math, in its file.
 
 use super::{Algorithm, Decision, Hits, Limit};
-use super::{fixed_window, gcra, sliding_log, sliding_window, token_bucket};
+use super::{fixed_window, gcra, sliding_log, sliding_window, tally, token_bucket};
 
 /// One counter's state, for whichever algorithm its limit uses. A new counter is one that
 /// was never hit.
@@ -21,6 +21,7 @@ enum State {
     SlidingLog(Box<sliding_log::State>),
     TokenBucket(token_bucket::State),
     Gcra(gcra::State),
+    Tally(tally::State),
 }
 
 impl Counter {
@@ -56,6 +57,7 @@ impl Counter {
                 token_bucket::hit(state, limit, now, hits)
             }
             (State::Gcra(state), Algorithm::Gcra) => gcra::hit(state, limit, now, hits),
+            (State::Tally(state), Algorithm::Tally) => tally::hit(state, limit, now, hits),
             // Never hit, or counted under another algorithm: start from that algorithm's
             // fresh state, which the arm above then matches.
             _ => {
@@ -83,6 +85,7 @@ impl Counter {
             State::SlidingLog(state) => state.expires_at(),
             State::TokenBucket(state) => state.expires_at(),
             State::Gcra(state) => state.expires_at(),
+            State::Tally(state) => state.expires_at(),
         }
     }
 }
@@ -95,6 +98,7 @@ impl State {
             Algorithm::SlidingLog => State::SlidingLog(Box::default()),
             Algorithm::TokenBucket => State::TokenBucket(token_bucket::State::full(limit, now)),
             Algorithm::Gcra => State::Gcra(Default::default()),
+            Algorithm::Tally => State::Tally(Default::default()),
         }
     }
 }

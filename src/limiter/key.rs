@@ -59,7 +59,9 @@ impl CounterKey {
         escape_into(&mut key, domain);
         key.push(':');
         escape_into(&mut key, rule_id);
-        let _ = write!(key, ":{limit_index}:");
+        key.push(':');
+        key.push_str(itoa::Buffer::new().format(limit_index));
+        key.push(':');
         let start = key.len();
         for (i, (name, value)) in entries.into_iter().enumerate() {
             if i > 0 {
@@ -77,12 +79,10 @@ impl CounterKey {
                 let _ = write!(key, "{byte:02x}");
             }
         }
-        let _ = write!(
-            key,
-            "}}:{}:{}",
-            limit.algorithm.name(),
-            limit.window_micros() / super::SECOND_MICROS
-        );
+        key.push_str("}:");
+        key.push_str(limit.algorithm.name());
+        key.push(':');
+        key.push_str(itoa::Buffer::new().format(limit.window_micros() / super::SECOND_MICROS));
         if let Some(zone) = &limit.timezone {
             key.push(':');
             escape_into(&mut key, zone.name());
@@ -109,13 +109,23 @@ impl std::fmt::Display for CounterKey {
 
 /// Percent-escapes the separators, `%` itself, and anything that is not printable ASCII.
 fn escape_into(out: &mut String, component: &str) {
-    for byte in component.bytes() {
-        match byte {
-            b'%' | b'{' | b'}' | b':' | b';' | b'=' | 0..=0x20 | 0x7f..=0xff => {
-                let _ = write!(out, "%{byte:02X}");
+    const HEX: &[u8; 16] = b"0123456789ABCDEF";
+    let mut plain = 0;
+    for (at, byte) in component.bytes().enumerate() {
+        if matches!(byte, b'%' | b'{' | b'}' | b':' | b';' | b'=' | 0..=0x20 | 0x7f..=0xff) {
+            // The bytes since the last escape are printable ASCII: `plain` and `at` are
+            // character boundaries.
+            if at > plain {
+                out.push_str(&component[plain..at]);
             }
-            _ => out.push(char::from(byte)),
+            out.push('%');
+            out.push(char::from(HEX[usize::from(byte >> 4)]));
+            out.push(char::from(HEX[usize::from(byte & 0xf)]));
+            plain = at + 1;
         }
+    }
+    if plain < component.len() {
+        out.push_str(&component[plain..]);
     }
 }
 

@@ -12,6 +12,7 @@ mod gcra;
 pub mod key;
 mod sliding_log;
 mod sliding_window;
+mod tally;
 mod token_bucket;
 
 pub use calendar::Timezone;
@@ -97,15 +98,29 @@ pub enum Algorithm {
     TokenBucket,
     /// Generic cell rate algorithm: one theoretical arrival time per counter.
     Gcra,
+    /// A sum kept for one window from its first hit, never refused: RLQS' demand, not a
+    /// rule's (rule files cannot name it, and [`Algorithm::ALL`] leaves it out).
+    Tally,
 }
 
 impl Algorithm {
+    /// The algorithms a rule can count with.
     pub const ALL: [Algorithm; 5] = [
         Algorithm::FixedWindow,
         Algorithm::SlidingWindow,
         Algorithm::SlidingLog,
         Algorithm::TokenBucket,
         Algorithm::Gcra,
+    ];
+
+    /// Every algorithm a store counts with: the rules' and the tally.
+    pub const COUNTED: [Algorithm; 6] = [
+        Algorithm::FixedWindow,
+        Algorithm::SlidingWindow,
+        Algorithm::SlidingLog,
+        Algorithm::TokenBucket,
+        Algorithm::Gcra,
+        Algorithm::Tally,
     ];
 
     /// The snake_case name used in rule files, keys and the Lua file names.
@@ -116,6 +131,7 @@ impl Algorithm {
             Algorithm::SlidingLog => "sliding_log",
             Algorithm::TokenBucket => "token_bucket",
             Algorithm::Gcra => "gcra",
+            Algorithm::Tally => "tally",
         }
     }
 

@@ -4,11 +4,11 @@
 //! what that assignment let through at most (so that a report spanning a reset charges the
 //! new window only what was let through after it).
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use super::charge::{BucketQuota, DemandReport, DemandSeen};
 use crate::limiter::{Algorithm, Limit};
-use crate::proto::envoy::service::rate_limit_quota::v3::BucketId;
 use crate::rules::Entry;
 
 use super::assign::{self, Assignment};
@@ -19,12 +19,9 @@ pub(super) const AFTER_RESET: Duration = Duration::from_millis(20);
 
 /// A bucket a stream charges: its rule's descriptor, its last report, and its window.
 pub(super) struct Bucket {
-    /// The bucket's id as the data plane last reported it, to name it in an assignment sent
-    /// at a reset.
-    pub(super) id: BucketId,
     /// Its entries in its rule's order (the descriptor it is charged on), or `None` once the
     /// rules changed: then it is matched again at its next report.
-    pub(super) descriptor: Option<Vec<Entry>>,
+    pub(super) descriptor: Option<Arc<[Entry]>>,
     /// When it was last reported (µs on the stream's clock), and the interval that report
     /// covered.
     pub(super) reported_at: u64,
@@ -159,7 +156,6 @@ mod tests {
             ..Limit::per(5, Unit::Second)
         };
         Bucket {
-            id: BucketId::default(),
             descriptor: None,
             reported_at: 8 * SECOND,
             interval: assign::REPORT_INTERVAL,

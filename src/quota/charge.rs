@@ -5,7 +5,7 @@
 use std::borrow::Cow;
 use std::time::Duration;
 
-use futures_util::StreamExt;
+use futures_util::{Stream, StreamExt};
 use tokio::time::Instant;
 
 use crate::backend::{BackendError, CounterHit};
@@ -22,7 +22,8 @@ use crate::service::RateLimiter;
 /// latest rate, whatever the phases of their reports.
 pub const DEMAND_PERIOD: Duration = Duration::from_secs(5);
 
-/// How long a period's demand is kept: written during the period before it, read during it.
+/// How long a period's demand is kept from its first write: written during the period
+/// before it, read during it, with a period to spare for clocks apart.
 const DEMAND_KEPT: Duration = Duration::from_secs(15);
 
 /// What is left of a bucket's limit once its usage is charged.
@@ -97,6 +98,9 @@ pub struct DemandReport {
 /// Redis much longer than a request of many descriptors would.
 const BUCKETS_PER_CALL: usize = 128;
 
+/// How long a report's hits that a busy backend shed wait before they are asked again.
+const SHED_PAUSE: Duration = Duration::from_millis(10);
+
 /// Backend calls out at once for one report: a report of many buckets goes over several
 /// connections, without taking them all from `ShouldRateLimit`.
 const CALLS_AT_ONCE: usize = 4;
@@ -144,8 +148,21 @@ pub async fn charge_buckets(
     domain: &str,
     usages: &[BucketUsage<'_>],
 ) -> Vec<BucketQuota> {
+    let calls = charge_in_turn(limiter, rules, domain, usages);
+    calls.concat().await
+}
+
+/// [`charge_buckets`], each backend call's answers as they come, in order: a caller that
+/// works on one call's buckets meanwhile leaves the calls after it with the backend.
+pub fn charge_in_turn<'a>(
+    limiter: &'a RateLimiter,
+    rules: &'a RuleSet,
+    domain: &'a str,
+    usages: &'a [BucketUsage<'a>],
+) -> impl Stream<Item = Vec<BucketQuota>> + Send + 'a {
     let Some(domain_rules) = rules.domain(domain) else {
-        return vec![BucketQuota::NoRule; usages.len()];
+        let unmatched = vec![BucketQuota::NoRule; usages.len()];
+        return futures_util::stream::iter([unmatched]).left_stream();
     };
     let deadline = Instant::now() + REPORT_DEADLINE;
     // Made here, not in the stream: a stream mapping a closure over borrowed chunks
@@ -154,11 +171,7 @@ pub async fn charge_buckets(
         .chunks(BUCKETS_PER_CALL)
         .map(|chunk| charge_together(limiter, domain_rules, domain, chunk, deadline))
         .collect();
-    let charged: Vec<Vec<BucketQuota>> = futures_util::stream::iter(calls)
-        .buffered(CALLS_AT_ONCE)
-        .collect()
-        .await;
-    charged.into_iter().flatten().collect()
+    (futures_util::stream::iter(calls).buffered(CALLS_AT_ONCE)).right_stream()
 }
 
 /// [`charge_buckets`] for buckets charged in one backend call, answered by `deadline`.
@@ -208,7 +221,7 @@ async fn charge_together(
     let results = if hits.is_empty() {
         Vec::new()
     } else {
-        limiter.count(&hits, Some(deadline)).await
+        count_by(limiter, &hits, deadline).await
     };
     (buckets.into_iter().zip(usages))
         .map(|((charged, span), usage)| match charged {
@@ -227,6 +240,32 @@ async fn charge_together(
             }
         })
         .collect()
+}
+
+/// Counts `hits` by `deadline`. The hits a busy backend shed (refused before they were
+/// sent, so counted nowhere) are asked again every [`SHED_PAUSE`] until the deadline: a
+/// report's usage was let through already, and counted late is better than not at all.
+async fn count_by(
+    limiter: &RateLimiter,
+    hits: &[CounterHit<'_>],
+    deadline: Instant,
+) -> Vec<Result<Decision, BackendError>> {
+    let mut results = limiter.count(hits, Some(deadline)).await;
+    loop {
+        let shed: Vec<usize> = (results.iter().enumerate())
+            .filter(|(_, result)| matches!(result, Err(BackendError::Overloaded(_))))
+            .map(|(index, _)| index)
+            .collect();
+        if shed.is_empty() || Instant::now() + SHED_PAUSE >= deadline {
+            return results;
+        }
+        tokio::time::sleep(SHED_PAUSE).await;
+        let again: Vec<CounterHit<'_>> = shed.iter().map(|&index| hits[index].clone()).collect();
+        let answers = limiter.count(&again, Some(deadline)).await;
+        for (index, answer) in shed.into_iter().zip(answers) {
+            results[index] = answer;
+        }
+    }
 }
 
 /// Counts a bucket's reported usage in its rule's statistics, as ShouldRateLimit counts
@@ -398,20 +437,25 @@ fn what_is_left(
 }
 
 /// The hits that read the bucket `found`'s demand in `demand`'s period and add its rate to
-/// the next period's: two logs of [`DEMAND_KEPT`] that never refuse, beside the rule's own
-/// counters (their keys name the rule and the period with a suffix no rule id has).
+/// the next period's: two tallies kept [`DEMAND_KEPT`] from their first write (a plain
+/// count: one GET to read, one INCRBY to add, on Redis), beside the rule's own counters
+/// (their keys name the rule and the period with a suffix no rule id has).
 fn demand_hits<'a>(domain: &str, found: &Match<'_>, demand: DemandReport) -> [CounterHit<'a>; 2] {
     let limit = Limit {
         requests_per_unit: u32::MAX,
         unit: Unit::Second,
         unit_multiplier: DEMAND_KEPT.as_secs() as u32,
-        algorithm: Algorithm::SlidingLog,
+        algorithm: Algorithm::Tally,
         burst: None,
         timezone: None,
         overshoot: true,
     };
-    let hit = |period: u64, amount: u64| {
-        let rule = format!("{}~rlqs-demand-{period}", found.rule.id);
+    let mut rule = String::with_capacity(found.rule.id.len() + 32);
+    let mut hit = |period: u64, amount: u64| {
+        rule.clear();
+        rule.push_str(found.rule.id.as_str());
+        rule.push_str("~rlqs-demand-");
+        rule.push_str(itoa::Buffer::new().format(period));
         let key = CounterKey::new(domain, &rule, 0, &limit, found.entries.iter().copied());
         CounterHit::usage(key, &limit, amount)
     };

@@ -54,6 +54,7 @@ use crate::rules::{Entry, OnBackendError, RuleSet};
 use crate::service::RateLimiter;
 use charge::{
     BucketQuota, BucketUsage, DEMAND_PERIOD, DemandReport, bucket_descriptor, charge_buckets,
+    charge_in_turn,
 };
 use assign::{Assignment, REPORT_INTERVAL};
 use bucket::{Bucket, micros, share};
@@ -65,27 +66,25 @@ const REPORT_SPAN: &str = "floodgate.rlqs.report";
 /// A bucket as the server keys it: its entries, sorted.
 type BucketKey = Vec<Entry>;
 
+/// Entries a stream keeps: a remembered bucket's key, and the descriptor that shares it.
+type Entries = Arc<[Entry]>;
+
 /// Buckets no rule matches that a stream remembers, so that their next reports skip the
 /// match; past this many, the others are matched again at each report.
 const UNMATCHED_KEPT: usize = 10_000;
 
-/// The most every stream's memory of its buckets (matched, with their state; and unmatched)
-/// may take together, estimated by `remembered_bytes`. Past it a new bucket is answered as
-/// always but not remembered: its next report is answered as its first (no assignment
-/// pushed at its window's reset, its demand measured again), and a bucket no rule matches
-/// is matched again.
-pub const MAX_REMEMBERED_BYTES: usize = 16 << 20;
-
-/// What remembering a bucket keyed `key` takes, about: its entries held three times (the
-/// key, the rule's descriptor, the data plane's id), a string's header each, and the
-/// bucket's own state and place in the stream's map.
-fn remembered_bytes(key: &BucketKey) -> usize {
+/// What remembering a bucket keyed `key` takes, about: its entries twice at most (the key,
+/// and its descriptor where the rule's order is not the sorted one; otherwise they share
+/// one copy), each part with a string's header; and the bucket's state with its slot in the
+/// stream's map (the key's pointer and the state, the map's spare room, the entries' shared
+/// header).
+fn remembered_bytes(key: &[Entry]) -> usize {
     const STRING: usize = std::mem::size_of::<String>();
-    const STATE: usize = 512;
+    const STATE: usize = 400;
     let entries: usize = (key.iter())
         .map(|entry| entry.key.len() + entry.value.len() + 2 * STRING)
         .sum();
-    3 * entries + STATE
+    2 * entries + STATE
 }
 
 /// The bytes every stream's remembered buckets take, and the most they may.
@@ -154,13 +153,15 @@ pub struct QuotaService {
 }
 
 impl QuotaService {
-    /// The service; its streams end when `stopped` turns true.
+    /// The service; its streams end when `stopped` turns true, and remember their buckets up
+    /// to the limiter's `rlqs_max_remembered_bytes`.
     pub fn new(limiter: Arc<RateLimiter>, stopped: watch::Receiver<bool>) -> Self {
+        let most = limiter.options().rlqs_max_remembered_bytes;
         QuotaService {
             limiter,
             stopped,
             clock: Arc::new(SystemClock),
-            remembered: Arc::new(Remembered::new(MAX_REMEMBERED_BYTES)),
+            remembered: Arc::new(Remembered::new(most)),
         }
     }
 
@@ -256,8 +257,9 @@ struct QuotaStream {
     /// The stream's request headers: each report's span continues the trace they carry.
     headers: http::HeaderMap,
     domain: Option<String>,
-    /// Each bucket that matched a rule.
-    buckets: HashMap<BucketKey, Bucket>,
+    /// Each bucket that matched a rule, keyed by its entries (sorted), which its descriptor
+    /// shares when its rule's order is the same.
+    buckets: HashMap<Entries, Bucket>,
     /// Buckets no rule matches (up to [`UNMATCHED_KEPT`]), under `matched_under`.
     unmatched: HashSet<BucketKey>,
     /// Whether a bucket no rule matches was logged: once a stream.
@@ -308,10 +310,7 @@ impl Reply {
 /// How a report's bucket is answered.
 enum Verdict {
     /// Charged on `descriptor` (its entries in rule order), then assigned what is left.
-    Charge {
-        key: BucketKey,
-        descriptor: Vec<Entry>,
-    },
+    Charge { key: BucketKey, descriptor: Entries },
     /// Its rule went away since it last matched.
     Abandon(BucketKey),
     /// No rule matches it: no assignment.
@@ -437,19 +436,23 @@ impl QuotaStream {
                 _ => None,
             })
             .collect();
-        let charged = charge_buckets(&self.limiter, &rules, &domain, &charges).await;
-        drop(charges);
-        let mut charged = charged.into_iter().zip(plans);
+        // Each call's buckets are assigned as its answer comes, while the calls after it are
+        // with the backend.
+        let mut calls = std::pin::pin!(charge_in_turn(&limiter, &rules, &domain, &charges));
+        let (mut answered, mut plans) = (Vec::new().into_iter(), plans.into_iter());
         let mut reply = Reply::default();
         let (mut invalid, mut unmatched) = (Vec::new(), 0);
-        for (index, (verdict, usage)) in verdicts.into_iter().zip(usages).enumerate() {
+        for (index, (verdict, usage)) in verdicts.iter().zip(usages).enumerate() {
             let action = match verdict {
                 Verdict::Charge { key, descriptor } => {
-                    let (quota, charge) = charged.next().unwrap_or_else(uncharged);
-                    let id = usage.bucket_id.clone().unwrap_or_default();
-                    self.assigned(key, descriptor, id, quota, charge, now)
+                    if answered.len() == 0 {
+                        answered = calls.next().await.unwrap_or_default().into_iter();
+                    }
+                    let (quota, charge) =
+                        (answered.next().zip(plans.next())).unwrap_or_else(uncharged);
+                    self.assigned(key, descriptor, quota, charge, now)
                 }
-                Verdict::Abandon(key) => Some(self.abandoned(&key)),
+                Verdict::Abandon(key) => Some(self.abandoned(key)),
                 Verdict::Unmatched => {
                     unmatched += 1;
                     None
@@ -483,7 +486,7 @@ impl QuotaStream {
         let now = self.clock.now_micros();
         let rules = self.limiter.rules();
         self.match_under(&rules);
-        let mut due: Vec<(BucketKey, Vec<Entry>)> = Vec::new();
+        let mut due: Vec<(Entries, Entries)> = Vec::new();
         for (key, bucket) in &mut self.buckets {
             if bucket.push_at.is_some_and(|at| at <= now) {
                 bucket.push_at = None;
@@ -522,7 +525,7 @@ impl QuotaStream {
             bucket.holds = Some(assignment.clone());
             self.limiter.metrics().quota().pushed();
             actions.push(BucketAction {
-                bucket_id: Some(bucket.id.clone()),
+                bucket_id: Some(bucket_id(&key)),
                 bucket_action: Some(self.sent(assignment)),
             });
         }
@@ -561,15 +564,20 @@ impl QuotaStream {
     /// How the bucket `key` is answered under `rules`: matched again only when the rules
     /// changed since it last matched, or it never did.
     fn verdict(&mut self, rules: &RuleSet, domain: &str, key: BucketKey) -> Verdict {
-        if let Some(descriptor) = self.buckets.get(&key).and_then(|b| b.descriptor.clone()) {
+        if let Some(descriptor) =
+            (self.buckets.get(key.as_slice())).and_then(|b| b.descriptor.clone())
+        {
             return Verdict::Charge { key, descriptor };
         }
         if self.unmatched.contains(&key) {
             return Verdict::Unmatched;
         }
         match bucket_descriptor(rules, domain, &key) {
-            Some(descriptor) => Verdict::Charge { key, descriptor },
-            None if self.buckets.contains_key(&key) => Verdict::Abandon(key),
+            Some(descriptor) => Verdict::Charge {
+                key,
+                descriptor: descriptor.into(),
+            },
+            None if self.buckets.contains_key(key.as_slice()) => Verdict::Abandon(key),
             None => {
                 self.log_unmatched(rules, domain, &key);
                 if self.unmatched.len() < UNMATCHED_KEPT && self.remember(&key) {
@@ -591,7 +599,7 @@ impl QuotaStream {
         usage: &BucketQuotaUsage,
         now: u64,
     ) -> (Charge, BucketUsage<'d>) {
-        let bucket = self.buckets.get(key);
+        let bucket = self.buckets.get(key.as_slice());
         let measured = bucket.map(|b| Duration::from_micros(now.saturating_sub(b.reported_at)));
         let interval = assign::interval(measured, usage.time_elapsed.as_ref());
         let allowed = usage.num_requests_allowed;
@@ -621,17 +629,17 @@ impl QuotaStream {
     }
 
     /// The assignment for a charged bucket, which the stream now holds; `None` leaves the
-    /// data plane's assignment as it is (the backend could not count).
+    /// data plane's assignment as it is (the backend could not count). A bucket the stream
+    /// remembers is updated where it lies.
     fn assigned(
         &mut self,
-        key: BucketKey,
-        descriptor: Vec<Entry>,
-        id: BucketId,
+        key: &BucketKey,
+        descriptor: &Entries,
         quota: BucketQuota,
         charge: Charge,
         now: u64,
     ) -> Option<Action> {
-        let previous = self.buckets.get(&key);
+        let previous = self.buckets.get(key.as_slice());
         let added = previous.and_then(|b| b.demand_added);
         let share = match &quota {
             BucketQuota::Counted {
@@ -650,36 +658,57 @@ impl QuotaStream {
             },
         };
         let assignment = assign::assign(&quota, charge.interval, share);
-        let held = previous.and_then(|b| b.holds.clone());
-        let kept = (assignment.as_ref().zip(held.as_ref()))
-            .is_some_and(|(new, held)| new.keeps_bucket_of(held));
+        let held = previous.and_then(|b| b.holds.as_ref());
+        let kept =
+            (assignment.as_ref().zip(held)).is_some_and(|(new, held)| new.keeps_bucket_of(held));
         // A bucket kept, or replacing one, starts as full as it was: empty when requests
         // were refused.
-        let replaces = held
-            .as_ref()
-            .is_some_and(|held| held.allowance().is_some_and(|(burst, _)| burst > 0.0));
+        let replaces =
+            held.is_some_and(|held| held.allowance().is_some_and(|(burst, _)| burst > 0.0));
         let drained = (kept || replaces) && charge.refused > 0;
         let allowance =
             (assignment.as_ref().and_then(Assignment::allowance)).map(|(burst, rate)| {
                 if drained { (0.0, rate) } else { (burst, rate) }
             });
-        let mut bucket = Bucket {
-            id,
-            descriptor: Some(descriptor),
-            reported_at: now,
-            interval: charge.interval,
-            share,
-            demand_added: Some(demand_added),
-            window: None,
-            allowance,
-            holds: assignment.clone().or(held),
-            pushed: None,
-            push_at: None,
-        };
-        bucket.follow(&quota, now, now + micros(REPORT_INTERVAL));
-        if let Some(kept) = self.buckets.get_mut(&key) {
-            *kept = bucket;
-        } else if self.remember(&key) {
+        let next_report = now + micros(REPORT_INTERVAL);
+        if let Some(bucket) = self.buckets.get_mut(key.as_slice()) {
+            if !bucket
+                .descriptor
+                .as_ref()
+                .is_some_and(|d| Arc::ptr_eq(d, descriptor))
+            {
+                bucket.descriptor = Some(descriptor.clone());
+            }
+            bucket.reported_at = now;
+            bucket.interval = charge.interval;
+            bucket.share = share;
+            bucket.demand_added = Some(demand_added);
+            bucket.allowance = allowance;
+            if let Some(assignment) = &assignment {
+                bucket.holds = Some(assignment.clone());
+            }
+            bucket.pushed = None;
+            bucket.follow(&quota, now, next_report);
+        } else if self.remember(key) {
+            let mut bucket = Bucket {
+                descriptor: Some(descriptor.clone()),
+                reported_at: now,
+                interval: charge.interval,
+                share,
+                demand_added: Some(demand_added),
+                window: None,
+                allowance,
+                holds: assignment.clone(),
+                pushed: None,
+                push_at: None,
+            };
+            bucket.follow(&quota, now, next_report);
+            // One copy of the entries where the rule's order is the sorted one.
+            let key = if **descriptor == *key.as_slice() {
+                descriptor.clone()
+            } else {
+                Arc::from(key.as_slice())
+            };
             self.buckets.insert(key, bucket);
             self.limiter.metrics().quota().buckets_changed(1);
         }
@@ -725,7 +754,7 @@ impl QuotaStream {
     /// Forgets the bucket `key`, whose rule is gone: the data plane forgets it too, and
     /// starts it anew (unassigned) with its next request into it.
     fn abandoned(&mut self, key: &BucketKey) -> Action {
-        if self.buckets.remove(key).is_some() {
+        if self.buckets.remove(key.as_slice()).is_some() {
             self.forget(key);
         }
         let stats = self.limiter.metrics().quota();
@@ -749,7 +778,17 @@ impl QuotaStream {
     }
 }
 
-/// Resolves at `at` (µs on `clock`), never when there is no `at`.
+/// The id a data plane knows the bucket `key` by: its entries (the stream keeps no copy of
+/// the id it reported).
+fn bucket_id(key: &[Entry]) -> BucketId {
+    let entries = key
+        .iter()
+        .map(|entry| (entry.key.clone(), entry.value.clone()));
+    BucketId {
+        bucket: entries.collect(),
+    }
+}
+
 /// What a bucket the charge left without an answer gets: a failed charge, answered as an
 /// error. It does not happen: the charge answers every bucket it was given.
 fn uncharged() -> (BucketQuota, Charge) {
@@ -765,6 +804,7 @@ fn uncharged() -> (BucketQuota, Charge) {
     (quota, charge)
 }
 
+/// Resolves at `at` (µs on `clock`), never when there is no `at`.
 async fn sleep_until(clock: &dyn Clock, at: Option<u64>) {
     match at {
         Some(at) => {
@@ -850,7 +890,7 @@ mod tests {
             ServiceOptions::default(),
         );
         let (_running, stopped) = watch::channel(false);
-        let one = remembered_bytes(&vec![Entry::new("user", "u000")]);
+        let one = remembered_bytes(&[Entry::new("user", "u000")]);
         let service = QuotaService::new(Arc::new(limiter), stopped).remembering_at_most(10 * one);
         let (reports, mut answers) = service.connect();
         for round in 0..2 {

@@ -118,7 +118,7 @@ impl RuleFiles {
 
 /// The default bound on the rule files of one directory, all together: 2 MiB. A load peaks
 /// at about 60 times the bytes it parses, so the default stays well inside the Helm chart's
-/// 256 MiB memory limit; a Kubernetes ConfigMap holds at most 1 MiB.
+/// 288 MiB memory limit; a Kubernetes ConfigMap holds at most 1 MiB.
 pub const DEFAULT_RULES_MAX_BYTES: u64 = 2 * 1024 * 1024;
 
 /// The rule files of `dir` as (path, contents), and an error for each that cannot be read.

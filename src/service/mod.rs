@@ -56,6 +56,8 @@ pub struct ServiceOptions {
     pub near_limit_ratio: f64,
     /// Upstream's response-time histogram on `/metrics` in milliseconds, not seconds.
     pub response_time_in_milliseconds: bool,
+    /// The most RLQS streams' memory of their buckets may take, together (bytes, estimated).
+    pub rlqs_max_remembered_bytes: usize,
 }
 
 impl ServiceOptions {
@@ -71,6 +73,7 @@ impl ServiceOptions {
             request_limits: settings.request_limits,
             near_limit_ratio: settings.near_limit_ratio,
             response_time_in_milliseconds: settings.metrics_response_time_in_milliseconds,
+            rlqs_max_remembered_bytes: settings.rlqs_max_remembered_bytes,
         }
     }
 }

@@ -155,6 +155,9 @@ pub struct Settings {
     /// The most counters held in memory (the memory backend, and the `local` failure
     /// policy's counters); past it a new counter takes the place of one expiring soon.
     pub memory_max_counters: usize,
+    /// The most the RLQS streams' memory of their buckets may take together, in bytes
+    /// (estimated per bucket); past it a new bucket is answered but not remembered.
+    pub rlqs_max_remembered_bytes: usize,
     /// The unit tests' store's section (`backend: scripted`).
     #[cfg(test)]
     pub scripted: ScriptedSettings,
@@ -223,6 +226,14 @@ impl From<OnBackendErrorSetting> for OnBackendError {
 /// 76 MiB of counters (docs/operating.md, Memory).
 pub const DEFAULT_MEMORY_MAX_COUNTERS: usize = 400_000;
 
+/// The default of `rlqs_max_remembered_bytes`: the most every RLQS stream's memory of its
+/// buckets (matched, with their state; and unmatched) may take together, as the streams
+/// estimate it. Past it a new bucket is answered as always but not remembered: its next
+/// report is answered as its first (no assignment pushed at its window's reset, its demand
+/// measured again), and a bucket no rule matches is matched again. 48 MiB holds about
+/// 100,000 (bucket, Envoy) pairs of one short entry (docs/operating.md, RLQS fleets).
+pub const DEFAULT_RLQS_MAX_REMEMBERED_BYTES: usize = 48 << 20;
+
 impl Default for Settings {
     fn default() -> Self {
         Settings {
@@ -243,6 +254,7 @@ impl Default for Settings {
             xds: XdsSettings::default(),
             backend: BackendKind::Memory,
             memory_max_counters: DEFAULT_MEMORY_MAX_COUNTERS,
+            rlqs_max_remembered_bytes: DEFAULT_RLQS_MAX_REMEMBERED_BYTES,
             #[cfg(test)]
             scripted: ScriptedSettings::default(),
             redis: RedisSettings::default(),

@@ -43,7 +43,8 @@ pub fn cases() -> Vec<Case> {
     cases.extend(sliding_log());
     cases.extend(bucket(Algorithm::TokenBucket));
     cases.extend(bucket(Algorithm::Gcra));
-    cases.extend(Algorithm::ALL.map(zero_requests_per_unit));
+    cases.extend(tally());
+    cases.extend(Algorithm::COUNTED.map(zero_requests_per_unit));
     cases
 }
 
@@ -530,6 +531,28 @@ fn bucket(algorithm: Algorithm) -> Vec<Case> {
 
 /// A limit of 0 rejects whatever costs something, without counting; checks and give-backs
 /// pass. Nothing ever comes back, so reset is one window.
+/// The tally within one window of its first hit (a test-supplied clock cannot reach Redis'
+/// expiry: `tests/lua_contract.rs` waits it out in real time).
+fn tally() -> Vec<Case> {
+    let tally = times(15, limit(Algorithm::Tally, 100, Unit::Second));
+    let window = 15 * SECOND;
+    vec![case(
+        "tally_counts_every_hit_as_one_sum_across_epoch_windows",
+        tally,
+        vec![
+            step(T0 + 3 * SECOND, take(0), allow(100, window)),
+            step(T0 + 3 * SECOND, take(30), allow(70, window)),
+            // Past the limit, counted; and past T0 + 15 s, an epoch multiple of the window:
+            // the same sum (it started at T0 + 3 s).
+            step(T0 + 14 * SECOND, take(80), reject(0, window)),
+            step(T0 + 15 * SECOND, take(0), reject(0, window)),
+            step(T0 + 16 * SECOND, give(50), allow(40, window)),
+            step(T0 + 16 * SECOND, give(500), allow(100, window)),
+            step(T0 + 17 * SECOND, take(5), allow(95, window)),
+        ],
+    )]
+}
+
 fn zero_requests_per_unit(algorithm: Algorithm) -> Case {
     Case {
         name: format!(

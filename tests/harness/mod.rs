@@ -518,6 +518,27 @@ pub async fn quota_stream(
     (reports, answers)
 }
 
+/// [`quota_stream`] as an in-process stream is: what the server sends comes through a
+/// channel (read on a task of its own, so a reader may stop waiting at any point), ending
+/// with the status that ends the stream.
+pub async fn quota_connection(server: &Floodgate) -> floodgate::quota::Connection {
+    let (reports, mut incoming) = quota_stream(server).await;
+    let (forward, answers) = tokio::sync::mpsc::channel(16);
+    tokio::spawn(async move {
+        loop {
+            let answer = match incoming.message().await {
+                Ok(Some(answer)) => Ok(answer),
+                Ok(None) => break,
+                Err(status) => Err(status),
+            };
+            if forward.send(answer).await.is_err() {
+                break;
+            }
+        }
+    });
+    (reports, answers)
+}
+
 /// Opens a [`RawCall`] to the gRPC port `addr`, with `headers` beside gRPC's own.
 pub async fn raw_call(addr: SocketAddr, headers: &[(&str, &str)]) -> RawCall {
     let method = "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit";

@@ -111,8 +111,11 @@ impl RedisOptions {
 
     /// `hit` as Redis takes it: its counter's full key (the key prefix, then the counter key).
     fn redis_hit(&self, hit: &CounterHit<'_>) -> RedisHit {
+        let mut key = String::with_capacity(self.key_prefix.len() + hit.key.as_str().len());
+        key.push_str(&self.key_prefix);
+        key.push_str(hit.key.as_str());
         RedisHit {
-            key: format!("{}{}", self.key_prefix, hit.key),
+            key,
             limit: hit.limit.clone().into_owned(),
             hits: hit.hits,
             binding: hit.binding,

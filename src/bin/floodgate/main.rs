@@ -112,8 +112,8 @@ More settings have no flag: set them in the --config file (TOML) or as FLOODGATE
   readiness_follows_backend            /readyz and gRPC health follow Redis' breaker
   readiness_needs_rules                unready while no rule is loaded
   metrics_response_time_in_milliseconds   upstream's response-time histogram in ms
-  memory_max_counters, near_limit_ratio, on_backend_error, request_limits.*,
-    connection_limits.*, shutdown_grace   limits and policies
+  memory_max_counters, rlqs_max_remembered_bytes, near_limit_ratio, on_backend_error,
+    request_limits.*, connection_limits.*, shutdown_grace   limits and policies
   OTEL_EXPORTER_OTLP_ENDPOINT (and the other OTEL_* variables)   traces over OTLP
 docs/settings.md describes every one; `floodgate ratelimit` reads
 envoyproxy/ratelimit's environment variables instead.";

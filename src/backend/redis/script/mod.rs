@@ -67,6 +67,7 @@ const SOURCE: &str = concat!(
     include_str!("../../../../lua/sliding_log.lua"),
     include_str!("../../../../lua/token_bucket.lua"),
     include_str!("../../../../lua/gcra.lua"),
+    include_str!("../../../../lua/tally.lua"),
     include_str!("../../../../lua/all_or_nothing.lua"),
     include_str!("../../../../lua/batch.lua"),
 );
