@@ -69,6 +69,11 @@ type BucketKey = Vec<Entry>;
 /// Entries a stream keeps: a remembered bucket's key, and the descriptor that shares it.
 type Entries = Arc<[Entry]>;
 
+/// A report's buckets matched between two yields of the worker: a report of 10,000 buckets
+/// with long entries holds it for no more than a slice's work (its charges and assignments
+/// yield once a backend call, 128 buckets).
+const MATCHED_AT_ONCE: usize = 128;
+
 /// Buckets no rule matches that a stream remembers, so that their next reports skip the
 /// match; past this many, the others are matched again at each report.
 const UNMATCHED_KEPT: usize = 10_000;
@@ -419,12 +424,17 @@ impl QuotaStream {
         let usages = report.bucket_quota_usages;
         let limiter = self.limiter.clone();
         let limits = limiter.request_limits();
-        let verdicts: Vec<Verdict> = (usages.iter())
-            .map(|usage| match bucket_key(usage, limits) {
+        let mut verdicts = Vec::with_capacity(usages.len());
+        for (index, usage) in usages.iter().enumerate() {
+            // A large report lets the worker answer other requests between slices of it.
+            if index % MATCHED_AT_ONCE == MATCHED_AT_ONCE - 1 {
+                tokio::task::yield_now().await;
+            }
+            verdicts.push(match bucket_key(usage, limits) {
                 Ok(key) => self.verdict(&rules, &domain, key),
                 Err(why) => Verdict::Invalid(why),
-            })
-            .collect();
+            });
+        }
         let mut plans = Vec::new();
         let charges: Vec<BucketUsage<'_>> = (verdicts.iter().zip(&usages))
             .filter_map(|(verdict, usage)| match verdict {
