@@ -14,13 +14,15 @@
 --   then groups, until the end of ARGV:
 --     'each', n, limit index (1-based), cost, then n keys
 --                    n hits of one limit and one cost, decided one by one
+--     'costs', n, limit index, then n × (cost, key)
+--                    n hits of one limit, each at its own cost, decided one by one
 --     'all', n, then n × (key, limit index, cost, binding '1' | '0')
 --                    one request's hits, all or nothing (all_or_nothing.lua)
 --
 -- A cost below zero is a give-back of its absolute value. Reply: one flat array, the call's
 -- instant first and the instant it finished second (Redis' TIME again; the supplied time in
--- tests), then per group in order: an 'each' group's hits, two integers each; an 'all'
--- group's `applied` (1 | 0 | -1) and then its hits; then the message of every error, in
+-- tests), then per group in order: an 'each' or 'costs' group's hits, two integers each; an
+-- 'all' group's `applied` (1 | 0 | -1) and then its hits; then the message of every error, in
 -- order. A call past its deadline answers `{instant, 'late'}` and touches no key. A hit's integers are
 -- `code`, remaining + 1 if allowed, -(remaining + 1) if rejected, 0 if it failed; and
 -- reset_us. A hit's error (a key of another type; in a cluster, a key this node does not
@@ -28,7 +30,8 @@
 --
 -- What a call costs inside Redis is mostly per argument, per reply integer and per command
 -- (each about as much as a command from a client): hence runs of hits that share their limit
--- and cost, two integers per hit, one protected call per run rather than per hit.
+-- and cost (or their limit alone, each hit with its cost, where runs of one cost would be
+-- short), two integers per hit, one protected call per run rather than per hit.
 
 local call = redis.call
 
@@ -119,30 +122,47 @@ end
 
 -- The hit decided last: when a run stops on an error, this is the hit that failed.
 local current
--- Decides the hits whose keys are ARGV[from..to], all of `limit` at one cost.
-local function run(from, to, limit, amount, negative)
+-- Decides the hits of `limit` in ARGV[from..to]: keys at one `cost`, or, without one,
+-- (cost, key) pairs.
+local function run(from, to, limit, cost)
   local algorithm = limit.algorithm
-  for i = from, to do
-    current = i
-    answer(algorithm(call, ARGV[i], limit, amount, negative))
+  if cost ~= nil then
+    local amount, negative = math.abs(cost), cost < 0
+    for i = from, to do
+      current = i
+      answer(algorithm(call, ARGV[i], limit, amount, negative))
+    end
+  else
+    for i = from, to, 2 do
+      current = i
+      local own = number(i)
+      answer(algorithm(call, ARGV[i + 1], limit, math.abs(own), own < 0))
+    end
+  end
+end
+
+-- `run` in one protected call for the whole run; a hit that fails (it answered nothing)
+-- gets its error and the run goes on after it, `step` arguments on.
+local function protected(from, to, limit, cost, step)
+  while from <= to do
+    local ok, caught = pcall(run, from, to, limit, cost)
+    if ok then
+      return
+    end
+    failed(message(caught))
+    from = current + step
   end
 end
 
 while at <= #ARGV do
   local mode, n = ARGV[at], number(at + 1)
   if mode == 'each' then
-    local limit, cost = limit_at(at + 2), number(at + 3)
-    local first, last = at + 4, at + 3 + n
-    -- One protected call for the whole run; a hit that fails (it answered nothing) gets
-    -- its error and the run goes on after it.
-    while first <= last do
-      local ok, caught = pcall(run, first, last, limit, math.abs(cost), cost < 0)
-      if ok then
-        break
-      end
-      failed(message(caught))
-      first = current + 1
-    end
+    local last = at + 3 + n
+    protected(at + 4, last, limit_at(at + 2), number(at + 3), 1)
+    at = last + 1
+  elseif mode == 'costs' then
+    local last = at + 2 + 2 * n
+    protected(at + 3, last, limit_at(at + 2), nil, 2)
     at = last + 1
   elseif mode == 'all' then
     local counters = {}

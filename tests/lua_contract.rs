@@ -728,6 +728,41 @@ async fn an_error_fails_its_own_hit_and_the_rest_of_the_batch_is_decided() {
 }
 
 #[tokio::test]
+async fn an_error_in_a_run_of_costs_of_their_own_fails_its_hit_and_the_run_goes_on() {
+    let (_server, mut connection, scripts) = start().await;
+    let limit = limit(Algorithm::TokenBucket);
+    let names = ["first", "wrong-type", "third"].map(|test| name(test, &limit));
+    redis::cmd("SET")
+        .arg(&names[1])
+        .arg("not a hash")
+        .exec_async(&mut connection)
+        .await
+        .expect("SET");
+    // One limit, a cost each: one run where each hit names its cost (`costs`).
+    let hits = [
+        planned(&names[0], &limit, Hits::take(2)),
+        planned(&names[1], &limit, Hits::take(1)),
+        planned(&names[2], &limit, Hits::take(3)),
+    ];
+    let groups = [Group {
+        mode: Mode::Each,
+        hits: &hits,
+    }];
+    let reply = lua_support::batch(&mut connection, &scripts, &groups, PARIS_NOV_15)
+        .await
+        .expect("a reply");
+    let remaining: Vec<Result<u64, &String>> = (reply.decisions.iter())
+        .map(|decision| decision.as_ref().map(|d| d.remaining))
+        .collect();
+    assert_eq!(remaining[0], Ok(6), "{reply:?}");
+    assert!(
+        matches!(remaining[1], Err(message) if message.contains("WRONGTYPE")),
+        "{reply:?}"
+    );
+    assert_eq!(remaining[2], Ok(5), "{reply:?}");
+}
+
+#[tokio::test]
 async fn a_call_run_past_its_deadline_decides_nothing_and_writes_nothing() {
     let (_server, mut connection, scripts) = start().await;
     for algorithm in Algorithm::ALL {

@@ -8,6 +8,7 @@ mod redis_harness;
 use std::collections::HashMap;
 use std::time::Duration;
 
+use floodgate::limiter::Algorithm;
 use floodgate::proto::envoy::r#type::v3::RateLimitStrategy;
 use floodgate::proto::envoy::r#type::v3::rate_limit_strategy::{BlanketRule, Strategy};
 use floodgate::proto::envoy::service::rate_limit_quota::v3::rate_limit_quota_response::BucketAction;
@@ -421,6 +422,42 @@ descriptors:
         .expect("an answer");
     assert_eq!(rule("total_hits"), u64::MAX as f64);
     assert_eq!(rule("over_limit"), u64::MAX as f64);
+}
+
+/// The split at the limit holds for every algorithm a rule can name, on Redis as in memory:
+/// each charge's look reads the counter as the charge finds it.
+#[tokio::test]
+async fn usage_is_split_at_the_limit_for_every_algorithm_on_both_backends() {
+    let mut rules = String::from("domain: quota\ndescriptors:\n");
+    for algorithm in Algorithm::ALL {
+        let name = algorithm.name();
+        rules.push_str(&format!(
+            "  - key: {name}\n    rate_limit: {{unit: hour, requests_per_unit: 20, algorithm: {name}}}\n"
+        ));
+    }
+    let redis = RedisServer::start();
+    let url = redis.url();
+    for backend in [&[][..], &["--backend", "redis", "--redis-url", &url][..]] {
+        let server = Floodgate::start(&[("quota.yaml", &rules)], backend);
+        let mut stream = Stream::open(&server).await;
+        for algorithm in Algorithm::ALL {
+            let user = [(algorithm.name(), "carol")];
+            (stream.report("quota", vec![usage(&user, 17, 0)]).await).expect("an answer");
+            (stream.report("quota", vec![usage(&user, 10, 1000)]).await).expect("an answer");
+            let rule = |stat: &str| {
+                server.metric(&format!(
+                    "ratelimit_service_rate_limit_{stat}{{domain=\"quota\",key1=\"{}\"}}",
+                    algorithm.name()
+                ))
+            };
+            assert_eq!(
+                [rule("total_hits"), rule("within_limit"), rule("over_limit")],
+                [27.0, 20.0, 7.0],
+                "{} {backend:?}: 17 within, then 3 within and 7 over",
+                algorithm.name()
+            );
+        }
+    }
 }
 
 #[tokio::test]

@@ -2,7 +2,6 @@
 //! the protocol): a bucket's entries matched to a rule, the usage a data plane reports charged to the very
 //! counters `ShouldRateLimit` counts on, and what is left of the rule's limit.
 
-use std::borrow::Cow;
 use std::time::Duration;
 
 use futures_util::{Stream, StreamExt};
@@ -187,7 +186,7 @@ async fn charge_together(
     // held a worker for tens of milliseconds).
     tokio::task::yield_now().await;
     // Each bucket's hits: a look at each limit of its rule and its charge, then its demand.
-    let mut hits: Vec<CounterHit<'static>> = Vec::new();
+    let mut hits: Vec<CounterHit<'_>> = Vec::with_capacity(4 * usages.len());
     let mut buckets = Vec::with_capacity(usages.len());
     for usage in usages {
         let first = hits.len();
@@ -367,7 +366,9 @@ fn judged(
 
 /// The hits that charge `allowed` requests to each of `limits`, the limits of the rule
 /// `found`, each after a look that costs nothing (what was left before): usage already let
-/// through, so counted whatever the count, as an overshoot.
+/// through, so counted whatever the count, as an overshoot. The look is a usage of nothing,
+/// so that it has its charge's limit: a backend call orders the hits of one limit as they
+/// came, and no other report's charge of the counter falls between a look and its charge.
 fn charge_hits<'a>(
     domain: &str,
     found: &Match<'_>,
@@ -378,7 +379,7 @@ fn charge_hits<'a>(
     let keys: Vec<CounterKey> =
         CounterKey::of_rule(domain, found.rule.id.as_str(), named, &found.entries).collect();
     (limits.iter().zip(keys)).flat_map(move |(named, key)| {
-        let look = CounterHit::check(key.clone(), Cow::Owned(named.limit.clone()));
+        let look = CounterHit::usage(key.clone(), &named.limit, 0);
         [look, CounterHit::usage(key, &named.limit, allowed)]
     })
 }

@@ -285,13 +285,30 @@ impl Drop for QuotaStream {
     }
 }
 
-/// What a report's bucket is charged, besides its usage: the interval it covers, and the
-/// demand to add.
+/// What a report's bucket is charged: the requests let through in the window now running
+/// and in an earlier one, those refused, the interval the report covers, and the demand to
+/// add.
+#[derive(Debug, Clone, Copy)]
 struct Charge {
-    interval: Duration,
-    demand: DemandReport,
+    allowed: u64,
+    earlier: u64,
     /// Requests the data plane refused since its last report.
     refused: u64,
+    interval: Duration,
+    demand: DemandReport,
+}
+
+impl Charge {
+    /// The bucket's usage to charge on `descriptor`, its entries in rule order.
+    fn usage<'d>(&self, descriptor: &'d [Entry]) -> BucketUsage<'d> {
+        BucketUsage {
+            entries: descriptor,
+            allowed: self.allowed,
+            earlier: self.earlier,
+            refused: self.refused,
+            demand: Some(self.demand),
+        }
+    }
 }
 
 /// What one report gets back: the actions for its buckets, in its order (none: no message),
@@ -315,7 +332,11 @@ impl Reply {
 /// How a report's bucket is answered.
 enum Verdict {
     /// Charged on `descriptor` (its entries in rule order), then assigned what is left.
-    Charge { key: BucketKey, descriptor: Entries },
+    Charge {
+        key: BucketKey,
+        descriptor: Entries,
+        charge: Charge,
+    },
     /// Its rule went away since it last matched.
     Abandon(BucketKey),
     /// No rule matches it: no assignment.
@@ -431,36 +452,36 @@ impl QuotaStream {
                 tokio::task::yield_now().await;
             }
             verdicts.push(match bucket_key(usage, limits) {
-                Ok(key) => self.verdict(&rules, &domain, key),
+                Ok(key) => self.verdict(&rules, &domain, key, usage, now),
                 Err(why) => Verdict::Invalid(why),
             });
         }
-        let mut plans = Vec::new();
-        let charges: Vec<BucketUsage<'_>> = (verdicts.iter().zip(&usages))
-            .filter_map(|(verdict, usage)| match verdict {
-                Verdict::Charge { key, descriptor } => {
-                    let (charge, usage) = self.usage(key, descriptor, usage, now);
-                    plans.push(charge);
-                    Some(usage)
-                }
+        let charges: Vec<BucketUsage<'_>> = (verdicts.iter())
+            .filter_map(|verdict| match verdict {
+                Verdict::Charge {
+                    descriptor, charge, ..
+                } => Some(charge.usage(descriptor)),
                 _ => None,
             })
             .collect();
         // Each call's buckets are assigned as its answer comes, while the calls after it are
         // with the backend.
         let mut calls = std::pin::pin!(charge_in_turn(&limiter, &rules, &domain, &charges));
-        let (mut answered, mut plans) = (Vec::new().into_iter(), plans.into_iter());
+        let mut answered = Vec::new().into_iter();
         let mut reply = Reply::default();
         let (mut invalid, mut unmatched) = (Vec::new(), 0);
         for (index, (verdict, usage)) in verdicts.iter().zip(usages).enumerate() {
             let action = match verdict {
-                Verdict::Charge { key, descriptor } => {
+                Verdict::Charge {
+                    key,
+                    descriptor,
+                    charge,
+                } => {
                     if answered.len() == 0 {
                         answered = calls.next().await.unwrap_or_default().into_iter();
                     }
-                    let (quota, charge) =
-                        (answered.next().zip(plans.next())).unwrap_or_else(uncharged);
-                    self.assigned(key, descriptor, quota, charge, now)
+                    let quota = answered.next().unwrap_or_else(uncharged);
+                    self.assigned(key, descriptor, quota, *charge, now)
                 }
                 Verdict::Abandon(key) => Some(self.abandoned(key)),
                 Verdict::Unmatched => {
@@ -571,23 +592,35 @@ impl QuotaStream {
         }
     }
 
-    /// How the bucket `key` is answered under `rules`: matched again only when the rules
-    /// changed since it last matched, or it never did.
-    fn verdict(&mut self, rules: &RuleSet, domain: &str, key: BucketKey) -> Verdict {
-        if let Some(descriptor) =
-            (self.buckets.get(key.as_slice())).and_then(|b| b.descriptor.clone())
-        {
-            return Verdict::Charge { key, descriptor };
+    /// How the bucket `key`, reported with `usage` at `now`, is answered under `rules`:
+    /// matched again only when the rules changed since it last matched, or it never did.
+    fn verdict(
+        &mut self,
+        rules: &RuleSet,
+        domain: &str,
+        key: BucketKey,
+        usage: &BucketQuotaUsage,
+        now: u64,
+    ) -> Verdict {
+        let bucket = self.buckets.get(key.as_slice());
+        if let Some(descriptor) = bucket.and_then(|b| b.descriptor.clone()) {
+            let charge = charge(bucket, usage, now);
+            return Verdict::Charge {
+                key,
+                descriptor,
+                charge,
+            };
         }
         if self.unmatched.contains(&key) {
             return Verdict::Unmatched;
         }
         match bucket_descriptor(rules, domain, &key) {
             Some(descriptor) => Verdict::Charge {
+                charge: charge(bucket, usage, now),
                 key,
                 descriptor: descriptor.into(),
             },
-            None if self.buckets.contains_key(key.as_slice()) => Verdict::Abandon(key),
+            None if bucket.is_some() => Verdict::Abandon(key),
             None => {
                 self.log_unmatched(rules, domain, &key);
                 if self.unmatched.len() < UNMATCHED_KEPT && self.remember(&key) {
@@ -596,46 +629,6 @@ impl QuotaStream {
                 Verdict::Unmatched
             }
         }
-    }
-
-    /// A bucket's report as it is charged: the requests let through in the window now
-    /// running (the rest went to a window that reset since the bucket's last report), the
-    /// interval the report covers (measured between this stream's reports of the bucket
-    /// when it has one before), and the demand that makes.
-    fn usage<'d>(
-        &self,
-        key: &BucketKey,
-        descriptor: &'d [Entry],
-        usage: &BucketQuotaUsage,
-        now: u64,
-    ) -> (Charge, BucketUsage<'d>) {
-        let bucket = self.buckets.get(key.as_slice());
-        let measured = bucket.map(|b| Duration::from_micros(now.saturating_sub(b.reported_at)));
-        let interval = assign::interval(measured, usage.time_elapsed.as_ref());
-        let allowed = usage.num_requests_allowed;
-        let refused = usage.num_requests_denied;
-        let earlier = bucket.map_or(0, |b| b.let_through_before_reset(allowed, refused, now));
-        let requests = allowed.saturating_add(usage.num_requests_denied);
-        let rate = (requests as f64 * 1000.0 / interval.as_secs_f64()).min(u64::MAX as f64);
-        let demand = DemandReport {
-            period: now / micros(DEMAND_PERIOD),
-            rate: rate as u64,
-        };
-        let charge = BucketUsage {
-            entries: descriptor,
-            allowed: allowed - earlier,
-            earlier,
-            refused,
-            demand: Some(demand),
-        };
-        (
-            Charge {
-                interval,
-                demand,
-                refused,
-            },
-            charge,
-        )
     }
 
     /// The assignment for a charged bucket, which the stream now holds; `None` leaves the
@@ -649,13 +642,13 @@ impl QuotaStream {
         charge: Charge,
         now: u64,
     ) -> Option<Action> {
-        let previous = self.buckets.get(key.as_slice());
-        let added = previous.and_then(|b| b.demand_added);
+        let previous = self.buckets.get_mut(key.as_slice());
+        let added = previous.as_ref().and_then(|b| b.demand_added);
         let share = match &quota {
             BucketQuota::Counted {
                 demand: Some(seen), ..
             } => share(charge.demand, added, *seen),
-            _ => previous.map_or(1.0, |b| b.share),
+            _ => previous.as_ref().map_or(1.0, |b| b.share),
         };
         let demand_added = match added {
             Some(added) if added.period == charge.demand.period + 1 => DemandReport {
@@ -668,7 +661,7 @@ impl QuotaStream {
             },
         };
         let assignment = assign::assign(&quota, charge.interval, share);
-        let held = previous.and_then(|b| b.holds.as_ref());
+        let held = previous.as_ref().and_then(|b| b.holds.as_ref());
         let kept =
             (assignment.as_ref().zip(held)).is_some_and(|(new, held)| new.keeps_bucket_of(held));
         // A bucket kept, or replacing one, starts as full as it was: empty when requests
@@ -681,7 +674,7 @@ impl QuotaStream {
                 if drained { (0.0, rate) } else { (burst, rate) }
             });
         let next_report = now + micros(REPORT_INTERVAL);
-        if let Some(bucket) = self.buckets.get_mut(key.as_slice()) {
+        if let Some(bucket) = previous {
             if !bucket
                 .descriptor
                 .as_ref()
@@ -799,19 +792,37 @@ fn bucket_id(key: &[Entry]) -> BucketId {
     }
 }
 
+/// A bucket's report, `usage` at `now`, as it is charged: the requests let through in the
+/// window now running (the rest went to a window that reset since the bucket's last report,
+/// `bucket` as the stream remembers it), the interval the report covers (measured between
+/// this stream's reports of the bucket when it has one before), and the demand that makes.
+fn charge(bucket: Option<&Bucket>, usage: &BucketQuotaUsage, now: u64) -> Charge {
+    let measured = bucket.map(|b| Duration::from_micros(now.saturating_sub(b.reported_at)));
+    let interval = assign::interval(measured, usage.time_elapsed.as_ref());
+    let allowed = usage.num_requests_allowed;
+    let refused = usage.num_requests_denied;
+    let earlier = bucket.map_or(0, |b| b.let_through_before_reset(allowed, refused, now));
+    let requests = allowed.saturating_add(refused);
+    let rate = (requests as f64 * 1000.0 / interval.as_secs_f64()).min(u64::MAX as f64);
+    Charge {
+        allowed: allowed - earlier,
+        earlier,
+        refused,
+        interval,
+        demand: DemandReport {
+            period: now / micros(DEMAND_PERIOD),
+            rate: rate as u64,
+        },
+    }
+}
+
 /// What a bucket the charge left without an answer gets: a failed charge, answered as an
 /// error. It does not happen: the charge answers every bucket it was given.
-fn uncharged() -> (BucketQuota, Charge) {
-    let quota = BucketQuota::Failed {
+fn uncharged() -> BucketQuota {
+    BucketQuota::Failed {
         error: BackendError::Protocol("uncharged".into()),
         policy: OnBackendError::Error,
-    };
-    let charge = Charge {
-        interval: REPORT_INTERVAL,
-        demand: DemandReport { period: 0, rate: 0 },
-        refused: 0,
-    };
-    (quota, charge)
+    }
 }
 
 /// Resolves at `at` (µs on `clock`), never when there is no `at`.

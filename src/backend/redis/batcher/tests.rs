@@ -151,6 +151,10 @@ fn sections(args: &[String]) -> Vec<(bool, Vec<String>)> {
         if args[at] == "each" {
             sections.push((false, args[at + 4..at + 4 + count].to_vec()));
             at += 4 + count;
+        } else if args[at] == "costs" {
+            let keys = (0..count).map(|hit| args[at + 4 + 2 * hit].clone());
+            sections.push((false, keys.collect()));
+            at += 3 + 2 * count;
         } else {
             assert_eq!(args[at], "all", "{args:?}");
             let keys = (0..count).map(|hit| args[at + 2 + 4 * hit].clone());

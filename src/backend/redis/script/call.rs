@@ -9,19 +9,20 @@ use crate::limiter::{Algorithm, Hits, Limit};
 /// How a call's groups travel: the distinct limits, each sent once, and sections in group
 /// order. Consecutive `Each` groups become one section of runs: their hits in an order where
 /// hits of one limit are together (stable, so two hits of one counter, which share their
-/// limit, keep their order), cut into runs of one limit and one cost. Hits of different
-/// counters commute, so this order decides each counter as the call order would.
+/// limit, keep their order), cut into runs of one limit and one cost, short runs of one limit
+/// pooled into one where each hit names its cost. Hits of different counters commute, so
+/// this order decides each counter as the call order would.
 pub(super) struct Plan<'a> {
     limits: Vec<&'a Limit>,
     pub(super) sections: Vec<Section<'a>>,
 }
 
 pub(super) enum Section<'a> {
-    /// Hits decided one by one: `(call index, hit)` in the order sent, and the runs (limit
-    /// number, cost, length) they form.
+    /// Hits decided one by one: `(call index, hit)` in the order sent, and the runs they
+    /// form.
     Runs {
         hits: Vec<(usize, &'a RedisHit)>,
-        runs: Vec<(usize, Cost, usize)>,
+        runs: Vec<Run>,
     },
     /// One all-or-nothing group: its hits, each with its limit number.
     All {
@@ -65,14 +66,11 @@ impl<'a> Plan<'a> {
                         .map(|(i, hit)| (number(&hit.limit), start + i, hit))
                         .collect();
                     numbered.sort_by_key(|&(limit, _, _)| limit);
-                    let mut runs: Vec<(usize, Cost, usize)> = Vec::new();
-                    for &(limit, _, hit) in &numbered {
-                        let cost = Cost(hit.hits);
-                        match runs.last_mut() {
-                            Some((l, c, len)) if *l == limit && *c == cost => *len += 1,
-                            _ => runs.push((limit, cost, 1)),
-                        }
-                    }
+                    let runs = Run::of(
+                        numbered
+                            .iter()
+                            .map(|&(limit, _, hit)| (limit, Cost(hit.hits))),
+                    );
                     Section::Runs {
                         hits: numbered.into_iter().map(|(_, i, hit)| (i, hit)).collect(),
                         runs,
@@ -82,6 +80,55 @@ impl<'a> Plan<'a> {
             rest = after;
         }
         Plan { limits, sections }
+    }
+}
+
+/// Consecutive hits of one limit: `len` of them at one `cost` (an `each` group of the
+/// script), or, with no cost, each at its own (a `costs` group).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct Run {
+    limit: usize,
+    cost: Option<Cost>,
+    len: usize,
+}
+
+/// The longest run of one cost that is pooled with its neighbours of the same limit. A run
+/// of one cost sends a header of four arguments and then a key a hit, a pool three and then
+/// a cost and a key a hit: two runs of one or two hits (a report's charges, each of its own
+/// amount) cost less pooled, longer ones apart.
+const POOLED_RUN: usize = 2;
+
+impl Run {
+    /// The runs of hits of the limits and costs `hits` names, in that order: runs of one
+    /// limit and one cost, then short ones of one limit pooled.
+    fn of(hits: impl Iterator<Item = (usize, Cost)>) -> Vec<Run> {
+        let mut runs: Vec<Run> = Vec::new();
+        for (limit, cost) in hits {
+            match runs.last_mut() {
+                Some(last) if last.limit == limit && last.cost == Some(cost) => last.len += 1,
+                _ => runs.push(Run {
+                    limit,
+                    cost: Some(cost),
+                    len: 1,
+                }),
+            }
+        }
+        let mut pooled: Vec<Run> = Vec::with_capacity(runs.len());
+        for run in runs {
+            match pooled.last_mut() {
+                Some(last) if last.limit == run.limit && last.pools() && run.pools() => {
+                    last.cost = None;
+                    last.len += run.len;
+                }
+                _ => pooled.push(run),
+            }
+        }
+        pooled
+    }
+
+    /// Whether the run goes in a pool with a neighbour: it is one, or short.
+    fn pools(&self) -> bool {
+        self.cost.is_none() || self.len <= POOLED_RUN
     }
 }
 
@@ -135,11 +182,22 @@ pub fn batch_call(
     for section in &plan.sections {
         match section {
             Section::Runs { hits, runs } => {
-                let mut keys = hits.iter().map(|(_, hit)| hit.key.as_str());
-                for &(limit, cost, len) in runs {
-                    call.arg("each").arg(len).arg(limit).arg(cost);
-                    for key in keys.by_ref().take(len) {
-                        call.arg(key);
+                let mut hits = hits.iter().map(|&(_, hit)| hit);
+                for run in runs {
+                    let these = hits.by_ref().take(run.len);
+                    match run.cost {
+                        Some(cost) => {
+                            call.arg("each").arg(run.len).arg(run.limit).arg(cost);
+                            these.for_each(|hit| {
+                                call.arg(&hit.key);
+                            });
+                        }
+                        None => {
+                            call.arg("costs").arg(run.len).arg(run.limit);
+                            these.for_each(|hit| {
+                                call.arg(Cost(hit.hits)).arg(&hit.key);
+                            });
+                        }
                     }
                 }
             }

@@ -147,7 +147,7 @@ mod cases {
     }
 
     #[test]
-    fn limits_are_sent_once_and_runs_of_one_limit_and_cost_share_a_header() {
+    fn limits_are_sent_once_and_runs_of_one_limit_and_cost_share_a_header_short_ones_pooled() {
         let per_second = Limit::per(5, Unit::Second);
         let gcra = Limit {
             algorithm: Algorithm::Gcra,
@@ -192,8 +192,7 @@ mod cases {
             "fixed_window", "5", "1000000", "5", "200000", "", "", "", "", "0",
             "gcra", "5", "1000000", "5", "200000", "", "", "", "", "0",
             "each", "2", "1", "1", "a", "c",
-            "each", "1", "2", "-3", "b",
-            "each", "1", "2", "2", "d",
+            "costs", "2", "2", "-3", "b", "2", "d",
             "all", "1", "e", "2", "1", "0",
         ];
         assert_eq!(arguments(&call), expected);
