@@ -15,7 +15,13 @@
 //! - `SERVER_BIN` measures another build of the server beside this tree's release build,
 //!   `ROUNDS` (default 1) times, alternated (`THIS_TREE=0`: that build alone);
 //! - `COMMANDS=1` prints what Redis ran for the steady reports, by command (its
-//!   `INFO commandstats`, commands run by the scripts included).
+//!   `INFO commandstats`, commands run by the scripts included);
+//! - `RESETS=N` measures instead what a window's reset costs: the rule's window is 10 s, the
+//!   streams report every 5 s between 1 s and 4.5 s after each 5 s of the epoch, so every
+//!   bucket's window resets 5.5–9 s after its last report and the server pushes each stream
+//!   all its buckets' new assignments at once, 20 ms after each of `N` resets. Measured: how
+//!   long after the reset each push arrived, the buckets the reports' answers left out, and
+//!   the CPU of the 950 ms after each reset per pair pushed (no report falls in them).
 //!
 //! The first cycle creates the counters; time and CPU are of the cycles after it.
 
@@ -28,7 +34,7 @@ mod support;
 
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
 
 use floodgate::proto::envoy::service::rate_limit_quota::v3::rate_limit_quota_usage_reports::BucketQuotaUsage;
 use floodgate::proto::envoy::service::rate_limit_quota::v3::{
@@ -45,13 +51,27 @@ descriptors:
     rate_limit: {unit: hour, requests_per_unit: 1000000}
 ";
 
-/// What a run is: its streams, their buckets and reports, and the cycle they are spread over.
+/// The rule of a `RESETS` run: a fixed window of [`RESET_WINDOW`], shorter than two report
+/// cycles, so that the report before each reset is a bucket's last before it.
+const RESET_RULES: &str = "
+domain: bench
+descriptors:
+  - key: user
+    rate_limit: {unit: second, unit_multiplier: 10, requests_per_unit: 1000000}
+";
+const RESET_WINDOW: Duration = Duration::from_secs(10);
+/// Envoy's report interval: a `RESETS` run's report cycle.
+const CYCLE: Duration = Duration::from_secs(5);
+
+/// What a run is: its streams, their buckets and reports, and the cycle they are spread over
+/// (or the resets it measures).
 #[derive(Clone, Copy)]
 struct Shape {
     streams: usize,
     buckets: usize,
     reports: usize,
     spread: Duration,
+    resets: usize,
 }
 
 impl Shape {
@@ -63,6 +83,7 @@ impl Shape {
             buckets: setting("BUCKETS", 10_000),
             reports: setting("REPORTS", 5).max(2),
             spread: Duration::from_secs(spread as u64),
+            resets: setting("RESETS", 0),
         }
     }
 
@@ -175,16 +196,23 @@ impl Measured {
     }
 }
 
-/// Runs `shape` against a server started by `prefix` (empty: this tree's build) on
-/// `backend`, on a fresh Redis when it is `redis`.
-async fn measure(prefix: &[&str], backend: &str, shape: Shape) -> Measured {
+/// A server started by `prefix` (empty: this tree's build) with `rules` on `backend`, on a
+/// fresh Redis when it is `redis`.
+fn serve(prefix: &[&str], backend: &str, rules: &str) -> (Option<RedisServer>, Floodgate) {
     let redis = (backend == "redis").then(RedisServer::start);
     let mut flags = vec!["--backend", backend];
     let url = redis.as_ref().map(RedisServer::url);
     if let Some(url) = &url {
         flags.extend(["--redis-url", url.as_str()]);
     }
-    let server = Floodgate::start_wrapped(prefix, &[("bench.yaml", RULES)], &flags, &[]);
+    let server = Floodgate::start_wrapped(prefix, &[("bench.yaml", rules)], &flags, &[]);
+    (redis, server)
+}
+
+/// Runs `shape` against a server started by `prefix` (empty: this tree's build) on
+/// `backend`, on a fresh Redis when it is `redis`.
+async fn measure(prefix: &[&str], backend: &str, shape: Shape) -> Measured {
+    let (redis, server) = serve(prefix, backend, RULES);
     let mut streams = Vec::new();
     for _ in 0..shape.streams {
         streams.push(harness::quota_stream(&server).await);
@@ -278,6 +306,128 @@ async fn one_report(
     Ok(took)
 }
 
+/// What a `RESETS` run measured: each push, how long after its reset it arrived and the
+/// buckets it carried, and the CPU of the server and Redis in the 950 ms after each reset.
+struct Pushes {
+    pushes: Vec<(Duration, usize)>,
+    /// Buckets the reports' answers left out (the backend could not count them).
+    unanswered: usize,
+    server_cpu: Duration,
+    redis_cpu: Option<Duration>,
+}
+
+impl Pushes {
+    fn print(&self, name: &str, backend: &str, shape: &Shape) {
+        let mut after: Vec<Duration> = self.pushes.iter().map(|&(after, _)| after).collect();
+        after.sort();
+        let at = |part: f64| after[((after.len() - 1) as f64 * part).round() as usize];
+        let ms = |duration: Duration| duration.as_secs_f64() * 1000.0;
+        let pairs = (shape.streams * shape.buckets * shape.resets) as f64;
+        let per_pair = |cpu: Duration| cpu.as_secs_f64() * 1e6 / pairs;
+        let redis = (self.redis_cpu).map_or(String::new(), |cpu| {
+            format!(", Redis {:.2} µs", per_pair(cpu))
+        });
+        let fewest = self.pushes.iter().map(|&(_, buckets)| buckets).min();
+        println!(
+            "{name}, {backend}, {} × {} buckets, {} resets: {} pushes (fewest buckets in one: \
+             {}; buckets the reports' answers left out: {}); ms after the reset: median {:.0}, \
+             p99 {:.0}, max {:.0}; CPU per pair pushed: server {:.2} µs{redis}",
+            shape.streams,
+            shape.buckets,
+            shape.resets,
+            self.pushes.len(),
+            fewest.unwrap_or(0),
+            self.unanswered,
+            ms(at(0.5)),
+            ms(at(0.99)),
+            ms(at(1.0)),
+            per_pair(self.server_cpu),
+        );
+    }
+}
+
+/// Runs a `RESETS` run of `shape` against a server started by `prefix` on `backend`: the
+/// streams report between 1 s and 4.5 s after each 5 s of the epoch; whatever a stream
+/// reads while it has no report out is a push (one that comes later than 1 s after its
+/// reset would be taken for a report's answer: every stream's push of every reset is
+/// counted, so the count says so).
+async fn measure_resets(prefix: &[&str], backend: &str, shape: Shape) -> Pushes {
+    let (redis, server) = serve(prefix, backend, RESET_RULES);
+    let mut streams = Vec::new();
+    for _ in 0..shape.streams {
+        streams.push(harness::quota_connection(&server).await);
+    }
+    // The windows are aligned on the epoch: the first report cycle starts at the next
+    // boundary, and the resets measured are the boundaries after it.
+    let since_epoch = (SystemTime::now().duration_since(SystemTime::UNIX_EPOCH))
+        .expect("after the epoch")
+        .as_micros();
+    let into_window = (since_epoch % RESET_WINDOW.as_micros()) as u64;
+    let first = Instant::now() + (RESET_WINDOW - Duration::from_micros(into_window));
+    let resets: Arc<Vec<Instant>> = Arc::new(
+        (1..=shape.resets)
+            .map(|n| first + RESET_WINDOW * n as u32)
+            .collect(),
+    );
+    let steady = Arc::new(report(shape.buckets, 5));
+    let runs = (streams.into_iter().enumerate()).map(|(index, (reports, mut answers))| {
+        let (steady, resets) = (steady.clone(), resets.clone());
+        let phase = Duration::from_secs(1)
+            + Duration::from_millis(3_500).mul_f64(index as f64 / shape.streams as f64);
+        tokio::spawn(async move {
+            let (mut pushes, mut unanswered) = (Vec::new(), 0);
+            let mut push = |pushed: RateLimitQuotaResponse| {
+                let arrived = Instant::now();
+                let reset = (resets.iter().rev().find(|&&reset| reset <= arrived))
+                    .ok_or_else(|| format!("a push of {} buckets {:?} after the first cycle began, before any reset", pushed.bucket_action.len(), arrived - first))?;
+                pushes.push((arrived - *reset, pushed.bucket_action.len()));
+                Ok::<_, String>(())
+            };
+            for cycle in 0..=2 * shape.resets {
+                let at = first + CYCLE * cycle as u32 + phase;
+                while let Ok(read) = tokio::time::timeout_at(at.into(), answers.recv()).await {
+                    push((read.ok_or("the stream ended")?).map_err(|s| s.to_string())?)?;
+                }
+                reports.send(steady.as_ref().clone()).await.expect("sent");
+                let read = answers.recv().await.ok_or("the stream ended")?;
+                let answered = read.map_err(|s| s.to_string())?.bucket_action.len();
+                unanswered += shape.buckets - answered;
+            }
+            Ok::<_, String>((pushes, unanswered))
+        })
+    });
+    let runs: Vec<_> = runs.collect();
+    let redis_pid = redis.as_ref().map(RedisServer::pid);
+    let (mut server_cpu, mut redis_cpu) = (Duration::ZERO, Duration::ZERO);
+    // No report is out in the 950 ms after a reset: what the processes spend then is the
+    // pushes'.
+    for &reset in resets.iter() {
+        tokio::time::sleep_until(reset.into()).await;
+        let before = (cpu_time(server.pid()), redis_pid.map(cpu_time));
+        tokio::time::sleep_until((reset + Duration::from_millis(950)).into()).await;
+        server_cpu += cpu_time(server.pid()) - before.0;
+        if let (Some(pid), Some(before)) = (redis_pid, before.1) {
+            redis_cpu += cpu_time(pid) - before;
+        }
+    }
+    let (mut pushes, mut unanswered) = (Vec::new(), 0);
+    for run in futures_util::future::join_all(runs).await {
+        match run.expect("a stream's run") {
+            Ok((pushed, left)) => {
+                pushes.extend(pushed);
+                unanswered += left;
+            }
+            Err(why) => fail(&server, &why),
+        }
+    }
+    Pushes {
+        pushes,
+        unanswered,
+        server_cpu,
+        redis_cpu: redis_pid.map(|_| redis_cpu),
+    }
+}
+
 /// Ends the run: `why`, and what the server logged last.
 fn fail(server: &Floodgate, why: &str) -> ! {
     let log = server.stderr();
@@ -335,8 +485,14 @@ fn main() {
         }
         for backend in backends.split_whitespace() {
             for (name, prefix) in &builds {
-                let measured = runtime.block_on(measure(prefix, backend, shape));
-                measured.print(&format!("round {round}, {name}"), backend, &shape);
+                let name = format!("round {round}, {name}");
+                if shape.resets > 0 {
+                    let pushes = runtime.block_on(measure_resets(prefix, backend, shape));
+                    pushes.print(&name, backend, &shape);
+                } else {
+                    let measured = runtime.block_on(measure(prefix, backend, shape));
+                    measured.print(&name, backend, &shape);
+                }
             }
         }
     }

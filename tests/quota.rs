@@ -669,6 +669,69 @@ async fn a_reports_elapsed_time_is_taken_within_bounds() {
     }
 }
 
+/// A window's new assignment is pushed after the window resets, never before, however long
+/// the backend took to count. A report of 5,000 buckets is some forty backend calls, four at
+/// a time: its last buckets are counted long after the report was read. A reset placed from
+/// the report's instant came that much early for them (less the 20 ms a push waits), and
+/// their push sent what was left of the old window, with nothing after the reset.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reset_is_pushed_after_the_window_resets_however_long_the_count_took() {
+    const TEN_SECONDS: &str = "
+domain: quota
+descriptors:
+  - key: user
+    rate_limit: {unit: second, unit_multiplier: 10, requests_per_unit: 10}
+";
+    const WINDOW: u128 = 10_000_000;
+    let redis = RedisServer::start();
+    let server = Floodgate::start(
+        &[("quota.yaml", TEN_SECONDS)],
+        &["--backend", "redis", "--redis-url", &redis.url()],
+    );
+    let mut stream = Stream::open(&server).await;
+    let micros = || {
+        (std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH))
+            .expect("after the epoch")
+            .as_micros()
+    };
+    // The report goes 4.5 s before a reset: its next one would come after it.
+    let phase = micros() % WINDOW;
+    let until = (5_500_000 + WINDOW - phase) % WINDOW;
+    tokio::time::sleep(Duration::from_micros(until as u64)).await;
+    let resets_at = (micros() / WINDOW + 1) * WINDOW;
+    let names: Vec<String> = (0..5_000).map(|i| format!("user-{i}")).collect();
+    let usages = (names.iter())
+        .map(|name| usage(&[("user", name.as_str())], 10, 1000))
+        .collect();
+    let answer = stream.report("quota", usages).await.expect("an answer");
+    assert_eq!(answer.bucket_action.len(), 5_000);
+    let mut pushed = 0;
+    while pushed < 5_000 {
+        let next = tokio::time::timeout(Duration::from_secs(8), stream.answers.message());
+        let push = (next.await.expect("the pushes within 8 s"))
+            .expect("the stream goes on")
+            .expect("a push");
+        let arrived = micros();
+        assert!(
+            arrived >= resets_at,
+            "{} buckets pushed {} ms before the reset",
+            push.bucket_action.len(),
+            (resets_at - arrived) / 1000
+        );
+        for action in &push.bucket_action {
+            let Some(Action::QuotaAssignmentAction(assigned)) = &action.bucket_action else {
+                panic!("an assignment: {action:?}");
+            };
+            let strategy = assigned.rate_limit_strategy.and_then(|s| s.strategy);
+            assert!(
+                !matches!(strategy, Some(s) if is_blanket(&s, BlanketRule::DenyAll)),
+                "the new window's quota: {strategy:?}"
+            );
+        }
+        pushed += push.bucket_action.len();
+    }
+}
+
 /// 10,000 buckets in one report, on a real Redis: charged together, in calls of many
 /// buckets, and each answered in the report's order with its own bucket's quota.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -90,10 +90,13 @@ impl Bucket {
 }
 
 impl Bucket {
-    /// Follows the window of `quota`, assigned `now`: when it resets before `next_report`
-    /// (and the reset changes what is left: a fixed window, or an exhausted limit), the
-    /// stream sends the new window's assignment then.
-    pub(super) fn follow(&mut self, quota: &BucketQuota, now: u64, next_report: u64) {
+    /// Follows the window of `quota`, whose backend answer was read at `counted_at`: when it
+    /// resets before `next_report` (and the reset changes what is left: a fixed window, or an
+    /// exhausted limit), the stream sends the new window's assignment then. The backend
+    /// counted before `counted_at` (a call waits its turn, and travels), so the reset it
+    /// names is placed late, never early: a push before the reset would send what is left
+    /// of the old window and none after it.
+    pub(super) fn follow(&mut self, quota: &BucketQuota, counted_at: u64, next_report: u64) {
         self.window = None;
         self.push_at = None;
         let BucketQuota::Counted {
@@ -105,7 +108,7 @@ impl Bucket {
         else {
             return;
         };
-        let resets_at = now.saturating_add(*reset_micros);
+        let resets_at = counted_at.saturating_add(*reset_micros);
         let resetting = limit.algorithm == Algorithm::FixedWindow || *remaining == 0;
         if resetting && !assign::paced_alone(limit) && resets_at <= next_report {
             self.push_at = Some(resets_at + micros(AFTER_RESET));

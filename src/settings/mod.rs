@@ -231,7 +231,7 @@ pub const DEFAULT_MEMORY_MAX_COUNTERS: usize = 400_000;
 /// estimate it. Past it a new bucket is answered as always but not remembered: its next
 /// report is answered as its first (no assignment pushed at its window's reset, its demand
 /// measured again), and a bucket no rule matches is matched again. 48 MiB holds about
-/// 100,000 (bucket, Envoy) pairs of one short entry (docs/operating.md, RLQS fleets).
+/// 120,000 (bucket, Envoy) pairs of one short entry (docs/operating.md, RLQS fleets).
 pub const DEFAULT_RLQS_MAX_REMEMBERED_BYTES: usize = 48 << 20;
 
 impl Default for Settings {
