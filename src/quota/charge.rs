@@ -185,7 +185,8 @@ async fn charge_together(
     // lets the worker answer other requests first (a report of 1,000 buckets otherwise
     // held a worker for tens of milliseconds).
     tokio::task::yield_now().await;
-    // Each bucket's hits: a look at each limit of its rule and its charge, then its demand.
+    // Each bucket's hits: a look at each limit of its rule and its charge (the charge alone
+    // when it charges nothing), then its demand.
     let mut hits: Vec<CounterHit<'_>> = Vec::with_capacity(4 * usages.len());
     let mut buckets = Vec::with_capacity(usages.len());
     for usage in usages {
@@ -203,7 +204,7 @@ async fn charge_together(
                     );
                     Charged::Counted {
                         rule: found.rule,
-                        limits: limits.len(),
+                        layout: Layout::of(limits.len(), usage.allowed),
                         policy: (found.rule.on_backend_error)
                             .unwrap_or(limiter.options().on_backend_error),
                         shadow: found.rule.shadow_mode || limiter.options().shadow_mode,
@@ -227,14 +228,14 @@ async fn charge_together(
             Charged::Settled(quota) => quota,
             Charged::Counted {
                 rule,
-                limits,
+                layout,
                 policy,
                 shadow,
             } => {
                 let (hits, results) = (&hits[span.clone()], &results[span]);
-                let judged = judged(hits, &results[..2 * limits], rule.shadow_mode);
+                let judged = judged(hits, results, layout, rule.shadow_mode);
                 record_usage(limiter, domain, rule, usage, judged);
-                let quota = quota_left(limiter, hits, results, limits, policy);
+                let quota = quota_left(limiter, hits, results, layout, policy);
                 if shadow { BucketQuota::Shadowed } else { quota }
             }
         })
@@ -303,14 +304,13 @@ fn record_usage(
     }
 }
 
-/// What is left of one bucket's limit from the answers to its `hits` (`limits` pairs of
-/// a look and a charge, then its demand's), the hits the backend failed decided by the
-/// rule's `policy` when it is `local`.
+/// What is left of one bucket's limit from the answers to its `hits` (laid out as `layout`
+/// says), the hits the backend failed decided by the rule's `policy` when it is `local`.
 fn quota_left(
     limiter: &RateLimiter,
     hits: &[CounterHit<'_>],
     results: &[Result<Decision, BackendError>],
-    limits: usize,
+    layout: Layout,
     policy: OnBackendError,
 ) -> BucketQuota {
     let left = match policy {
@@ -321,23 +321,56 @@ fn quota_left(
                     Ok(decision) => Ok(*decision),
                 })
                 .collect();
-            what_is_left(hits, &decided, limits)
+            what_is_left(hits, &decided, layout)
         }
-        _ => what_is_left(hits, results, limits),
+        _ => what_is_left(hits, results, layout),
     };
     left.unwrap_or_else(|error| BucketQuota::Failed { error, policy })
 }
 
 /// A bucket of a backend call: settled without the backend, or counted there for `rule`
-/// (`limits` of them), under its `on_backend_error` and shadow mode.
+/// (its hits laid out as `layout` says), under its `on_backend_error` and shadow mode.
 enum Charged<'r> {
     Settled(BucketQuota),
     Counted {
         rule: &'r Rule,
-        limits: usize,
+        layout: Layout,
         policy: OnBackendError,
         shadow: bool,
     },
+}
+
+/// Where a bucket's hits lie: for each of its rule's `limits`, a look and the charge after
+/// it, or the charge alone when it charges nothing (a charge of nothing is a look: an
+/// assignment sent at a reset, a report that let nothing through); then its demand's, if
+/// any.
+#[derive(Debug, Clone, Copy)]
+struct Layout {
+    limits: usize,
+    /// Hits a limit: 2, or 1 for a charge of nothing.
+    each: usize,
+}
+
+impl Layout {
+    fn of(limits: usize, allowed: u64) -> Layout {
+        let each = if allowed == 0 { 1 } else { 2 };
+        Layout { limits, each }
+    }
+
+    /// The hit that looked at limit `limit` before its charge.
+    fn look(&self, limit: usize) -> usize {
+        self.each * limit
+    }
+
+    /// The hit that charged limit `limit`.
+    fn charge(&self, limit: usize) -> usize {
+        self.each * limit + self.each - 1
+    }
+
+    /// The demand's first hit.
+    fn demand(&self) -> usize {
+        self.each * self.limits
+    }
 }
 
 /// How the counters of a bucket's rule judged the requests charged to them, for the rule's
@@ -347,9 +380,12 @@ enum Charged<'r> {
 fn judged(
     hits: &[CounterHit<'_>],
     results: &[Result<Decision, BackendError>],
+    layout: Layout,
     shadow: bool,
 ) -> Judged {
-    let looks: Result<Vec<Decision>, _> = (results.iter().step_by(2)).cloned().collect();
+    let looks: Result<Vec<Decision>, _> = (0..layout.limits)
+        .map(|limit| results[layout.look(limit)].clone())
+        .collect();
     let Ok(looks) = looks else {
         return Judged::Undecided;
     };
@@ -357,7 +393,7 @@ fn judged(
     match (looks.iter().enumerate()).min_by_key(|(_, look)| left(look)) {
         Some((index, look)) => Judged::Charged {
             found_remaining: left(look),
-            capacity: hits[2 * index].limit.capacity(),
+            capacity: hits[layout.look(index)].limit.capacity(),
             shadow,
         },
         None => Judged::Undecided,
@@ -369,6 +405,7 @@ fn judged(
 /// through, so counted whatever the count, as an overshoot. The look is a usage of nothing,
 /// so that it has its charge's limit: a backend call orders the hits of one limit as they
 /// came, and no other report's charge of the counter falls between a look and its charge.
+/// A charge of nothing goes alone: it is its own look ([`Layout`]).
 fn charge_hits<'a>(
     domain: &str,
     found: &Match<'_>,
@@ -379,18 +416,19 @@ fn charge_hits<'a>(
     let keys: Vec<CounterKey> =
         CounterKey::of_rule(domain, found.rule.id.as_str(), named, &found.entries).collect();
     (limits.iter().zip(keys)).flat_map(move |(named, key)| {
-        let look = CounterHit::usage(key.clone(), &named.limit, 0);
-        [look, CounterHit::usage(key, &named.limit, allowed)]
+        let look = (allowed > 0).then(|| CounterHit::usage(key.clone(), &named.limit, 0));
+        look.into_iter()
+            .chain([CounterHit::usage(key, &named.limit, allowed)])
     })
 }
 
-/// What is left of one bucket's limit from the answers to its `hits` (`limits` pairs of a
-/// look and a charge, then its demand's read and add, if any): the tightest limit, with the
-/// demand seen; the first error.
+/// What is left of one bucket's limit from the answers to its `hits` (laid out as `layout`
+/// says, the demand's read and add last, if any): the tightest limit, with the demand seen;
+/// the first error.
 fn what_is_left(
     hits: &[CounterHit<'_>],
     results: &[Result<Decision, BackendError>],
-    limits: usize,
+    layout: Layout,
 ) -> Result<BucketQuota, BackendError> {
     if let Some(error) = results.iter().find_map(|result| result.as_ref().err()) {
         return Err(error.clone());
@@ -398,17 +436,18 @@ fn what_is_left(
     let decided = |index: usize| results[index].as_ref().ok();
     let total =
         |index: usize| decided(index).map(|d| u64::from(u32::MAX).saturating_sub(d.remaining));
-    let demand = (results.len() >= 2 * limits + 2)
+    let demand = (results.len() >= layout.demand() + 2)
         .then(|| {
             Some(DemandSeen {
-                period: total(2 * limits)?,
-                next: total(2 * limits + 1)?,
+                period: total(layout.demand())?,
+                next: total(layout.demand() + 1)?,
             })
         })
         .flatten();
     let mut tightest: Option<BucketQuota> = None;
-    for index in 0..limits {
-        let (hit, Some(decision)) = (&hits[2 * index + 1], decided(2 * index + 1)) else {
+    for index in 0..layout.limits {
+        let charge = layout.charge(index);
+        let (hit, Some(decision)) = (&hits[charge], decided(charge)) else {
             continue;
         };
         let remaining = if decision.allowed {
