@@ -20,6 +20,7 @@ use floodgate::proto::envoy::service::rate_limit_quota::v3::{
 use harness::{Floodgate, OK, OVER_LIMIT, descriptor, request};
 use redis_harness::RedisServer;
 use redis_harness::cluster::RedisCluster;
+use redis_harness::delay::DelayedLink;
 use redis_harness::sentinel::{MASTER, Sentinels};
 use tokio::sync::mpsc;
 use tonic::Streaming;
@@ -676,29 +677,17 @@ async fn a_reports_elapsed_time_is_taken_within_bounds() {
 /// their push sent what was left of the old window, with nothing after the reset.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_reset_is_pushed_after_the_window_resets_however_long_the_count_took() {
-    const TEN_SECONDS: &str = "
-domain: quota
-descriptors:
-  - key: user
-    rate_limit: {unit: second, unit_multiplier: 10, requests_per_unit: 10}
-";
-    const WINDOW: u128 = 10_000_000;
     let redis = RedisServer::start();
     let server = Floodgate::start(
-        &[("quota.yaml", TEN_SECONDS)],
+        &[("quota.yaml", &ten_second_rule(10))],
         &["--backend", "redis", "--redis-url", &redis.url()],
     );
     let mut stream = Stream::open(&server).await;
-    let micros = || {
-        (std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH))
-            .expect("after the epoch")
-            .as_micros()
-    };
     // The report goes 4.5 s before a reset: its next one would come after it.
-    let phase = micros() % WINDOW;
+    let phase = unix_micros() % WINDOW;
     let until = (5_500_000 + WINDOW - phase) % WINDOW;
     tokio::time::sleep(Duration::from_micros(until as u64)).await;
-    let resets_at = (micros() / WINDOW + 1) * WINDOW;
+    let resets_at = (unix_micros() / WINDOW + 1) * WINDOW;
     let names: Vec<String> = (0..5_000).map(|i| format!("user-{i}")).collect();
     let usages = (names.iter())
         .map(|name| usage(&[("user", name.as_str())], 10, 1000))
@@ -711,7 +700,7 @@ descriptors:
         let push = (next.await.expect("the pushes within 8 s"))
             .expect("the stream goes on")
             .expect("a push");
-        let arrived = micros();
+        let arrived = unix_micros();
         assert!(
             arrived >= resets_at,
             "{} buckets pushed {} ms before the reset",
@@ -730,6 +719,95 @@ descriptors:
         }
         pushed += push.bucket_action.len();
     }
+}
+
+/// A report read just after its window's reset charges the new window only what was let
+/// through after the reset, however late the answer before it came. Redis is 150 ms away:
+/// the reset it names at a report is placed 150 ms late from when its answer was read, and
+/// a report that came between the true reset and that estimate was charged whole to the
+/// new window (Redis counts it there), the old window's 30 requests with it. Each stream
+/// reports its 30 at its own moment after the reset (a stream answers its reports in turn,
+/// each a 300 ms round trip).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_report_just_after_the_reset_charges_the_new_window_only_what_came_after_it() {
+    const AFTER_RESET_MS: [u64; 3] = [10, 60, 120];
+    let redis = RedisServer::start();
+    let link = DelayedLink::to(redis.port(), Duration::from_millis(150)).await;
+    let server = Floodgate::start_with_env(
+        &[("quota.yaml", &ten_second_rule(100))],
+        &["--backend", "redis", "--redis-url", &link.url()],
+        &[
+            ("FLOODGATE_REDIS_COMMAND_TIMEOUT_MS", "2000"),
+            ("FLOODGATE_REDIS_CONNECT_TIMEOUT_MS", "2000"),
+            ("FLOODGATE_REDIS_STARTUP__MAX_ELAPSED_MS", "10000"),
+        ],
+    );
+    let mut streams = Vec::new();
+    for _ in AFTER_RESET_MS {
+        streams.push(Stream::open(&server).await);
+    }
+    // The first reports go 2 s before a reset.
+    let phase = unix_micros() % WINDOW;
+    let until = (2 * WINDOW - 2_000_000 - phase) % WINDOW;
+    tokio::time::sleep(Duration::from_micros(until as u64)).await;
+    let resets_at = (unix_micros() / WINDOW + 1) * WINDOW;
+    let users: Vec<String> = (0..AFTER_RESET_MS.len())
+        .map(|i| format!("late-{i}"))
+        .collect();
+    let first = (streams.iter_mut().zip(&users)).map(|(stream, user)| async move {
+        let usage = usage(&[("user", user.as_str())], 0, 0);
+        stream
+            .report("quota", vec![usage])
+            .await
+            .expect("an answer");
+    });
+    futures_util::future::join_all(first).await;
+    // Then each lets 30 through before the reset (its assignment allowed 2 and 20 a
+    // second), and reports them just after it.
+    let after = (streams.iter_mut().zip(&users).zip(AFTER_RESET_MS)).map(
+        |((stream, user), after_ms)| async move {
+            let at = resets_at + u128::from(after_ms) * 1000;
+            let wait = at.saturating_sub(unix_micros());
+            tokio::time::sleep(Duration::from_micros(wait as u64)).await;
+            let usage = usage(&[("user", user.as_str())], 30, 2000);
+            stream
+                .report("quota", vec![usage])
+                .await
+                .expect("an answer");
+        },
+    );
+    futures_util::future::join_all(after).await;
+    assert!(
+        unix_micros() < resets_at + WINDOW,
+        "the reports were answered in the window after the reset"
+    );
+    // What came in the last 150 ms before the reset (Redis' estimate of it placed early by
+    // its one way) may be charged to the new window, 3 or 4; the late estimate charged
+    // all 30.
+    for (user, after_ms) in users.iter().zip(AFTER_RESET_MS) {
+        let ask = request("quota", vec![descriptor(&[("user", user.as_str())])]);
+        let remaining = server.ask(ask).await.statuses[0].limit_remaining;
+        assert!(
+            remaining >= 90,
+            "{user}, reported {after_ms} ms after the reset: {remaining} left of 100"
+        );
+    }
+}
+
+/// The rules of the two tests above: `limit` a user per 10 s windows ([`WINDOW`]).
+fn ten_second_rule(limit: u32) -> String {
+    format!(
+        "domain: quota\ndescriptors:\n  - key: user\n    rate_limit: {{unit: second, unit_multiplier: 10, requests_per_unit: {limit}}}\n"
+    )
+}
+
+/// The windows of [`ten_second_rule`], in µs.
+const WINDOW: u128 = 10_000_000;
+
+fn unix_micros() -> u128 {
+    (std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH))
+        .expect("after the epoch")
+        .as_micros()
 }
 
 /// 10,000 buckets in one report, on a real Redis: charged together, in calls of many

@@ -30,7 +30,8 @@ pub(super) struct Bucket {
     pub(super) share: f64,
     /// The demand this stream added for the bucket: the period it went to, and how much.
     pub(super) demand_added: Option<DemandReport>,
-    /// The limit its last assignment came from, and when that limit's window resets.
+    /// The limit its last assignment came from, and when that limit's window resets (at the
+    /// earliest: [`Bucket::follow`]).
     pub(super) window: Option<(Limit, u64)>,
     /// What the assignment made at its last report lets through at most: so many at once
     /// and so many a second (`None`: no bound, `ALLOW_ALL` or none sent). At once, a full
@@ -89,14 +90,37 @@ impl Bucket {
     }
 }
 
+/// When the backend counted a bucket's charge, as the stream saw it: after `sent_at` (its
+/// call went out) and before `read_at` (its answer was read), µs on the stream's clock. A
+/// call waits its turn for a connection and travels both ways, so the two can be a Redis
+/// round trip apart, or more.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct CountedBetween {
+    pub(super) sent_at: u64,
+    pub(super) read_at: u64,
+}
+
 impl Bucket {
-    /// Follows the window of `quota`, whose backend answer was read at `counted_at`: when it
-    /// resets before `next_report` (and the reset changes what is left: a fixed window, or an
-    /// exhausted limit), the stream sends the new window's assignment then. The backend
-    /// counted before `counted_at` (a call waits its turn, and travels), so the reset it
-    /// names is placed late, never early: a push before the reset would send what is left
-    /// of the old window and none after it.
-    pub(super) fn follow(&mut self, quota: &BucketQuota, counted_at: u64, next_report: u64) {
+    /// Follows the window of `quota`: when it resets before `next_report` (and the reset
+    /// changes what is left: a fixed window, or an exhausted limit), the stream sends the new
+    /// window's assignment then. The reset the backend names (time left when it counted) lies
+    /// between the call's two instants plus that time, and each use takes the side that
+    /// cannot go wrong:
+    ///
+    /// - the push is placed from `read_at`, late: a push before the reset would send what
+    ///   is left of the old window and none after it;
+    /// - the next report is split at the reset placed from `sent_at`, early: a report read
+    ///   after the reset but before a late estimate of it would be charged whole to the new
+    ///   window, which the backend counts it in, its old window's requests with it (a Redis
+    ///   40 ms away took that many requests from every window whose reports came just
+    ///   after its reset). Early, the requests of the last moments before the reset are
+    ///   the ones left uncharged, in a window that is over.
+    pub(super) fn follow(
+        &mut self,
+        quota: &BucketQuota,
+        counted: CountedBetween,
+        next_report: u64,
+    ) {
         self.window = None;
         self.push_at = None;
         let BucketQuota::Counted {
@@ -108,12 +132,13 @@ impl Bucket {
         else {
             return;
         };
-        let resets_at = counted_at.saturating_add(*reset_micros);
+        let latest = counted.read_at.saturating_add(*reset_micros);
         let resetting = limit.algorithm == Algorithm::FixedWindow || *remaining == 0;
-        if resetting && !assign::paced_alone(limit) && resets_at <= next_report {
-            self.push_at = Some(resets_at + micros(AFTER_RESET));
+        if resetting && !assign::paced_alone(limit) && latest <= next_report {
+            self.push_at = Some(latest + micros(AFTER_RESET));
         }
-        self.window = Some((limit.clone(), resets_at));
+        let earliest = counted.sent_at.saturating_add(*reset_micros);
+        self.window = Some((limit.clone(), earliest));
     }
 }
 
@@ -190,6 +215,28 @@ mod tests {
         // it: of 6, at least 3 came before.
         bucket.pushed = Some((0.0, 1.0, 10 * SECOND + 20_000));
         assert_eq!(bucket.let_through_before_reset(6, 0, 13 * SECOND), 3);
+    }
+
+    #[test]
+    fn the_push_follows_the_latest_reset_and_the_split_the_earliest() {
+        // Reported at 5 s, Redis 40 ms away: it counted at 5.04 s, 4.96 s before the reset.
+        let mut bucket = reported_at_eight(2.0, 20.0);
+        bucket.reported_at = 5 * SECOND;
+        let quota = BucketQuota::Counted {
+            limit: bucket.window.clone().expect("a window").0,
+            remaining: 5,
+            reset_micros: 4_960_000,
+            demand: None,
+        };
+        let counted = CountedBetween {
+            sent_at: 5 * SECOND,
+            read_at: 5 * SECOND + 80_000,
+        };
+        bucket.follow(&quota, counted, 11 * SECOND);
+        assert_eq!(bucket.push_at, Some(10 * SECOND + 40_000 + 20_000));
+        // A report 10 ms after the true reset is split: its 50 came before it.
+        let before = bucket.let_through_before_reset(50, 0, 10 * SECOND + 10_000);
+        assert_eq!(before, 50);
     }
 
     #[test]

@@ -8,6 +8,7 @@ use futures_util::{Stream, StreamExt};
 use tokio::time::Instant;
 
 use crate::backend::{BackendError, CounterHit};
+use crate::clock::Clock;
 use crate::limiter::{Algorithm, CounterKey, Decision, Limit, Unit};
 use crate::rules::{
     Domain, Entry, Judged, Match, NamedLimit, OnBackendError, Policy, Rule, RuleSet,
@@ -136,31 +137,34 @@ pub fn bucket_descriptor(rules: &RuleSet, domain: &str, entries: &[Entry]) -> Op
     )
 }
 
+/// One backend call's answers, in the order of its buckets, and the instant (µs on the
+/// stream's clock) the call went out: the backend counted after it, and before the answer
+/// was read.
+#[derive(Debug, Default)]
+pub struct Answered {
+    pub sent_at: u64,
+    pub quotas: Vec<BucketQuota>,
+}
+
 /// Charges each bucket's `allowed` requests (already let through by a data plane) to the
 /// counters of the rule its entries match in `domain` of `rules`, counted in full even past
 /// the limit, and adds its `requests` to the bucket's demand; answers what is left of each,
-/// in the order of `usages`. `BUCKETS_PER_CALL` buckets go in one backend call,
-/// `CALLS_AT_ONCE` calls at a time.
-pub async fn charge_buckets(
-    limiter: &RateLimiter,
-    rules: &RuleSet,
-    domain: &str,
-    usages: &[BucketUsage<'_>],
-) -> Vec<BucketQuota> {
-    let calls = charge_in_turn(limiter, rules, domain, usages);
-    calls.concat().await
-}
-
-/// [`charge_buckets`], each backend call's answers as they come, in order: a caller that
-/// works on one call's buckets meanwhile leaves the calls after it with the backend.
+/// in the order of `usages`, one backend call's buckets as they come: a caller that works on
+/// one call's buckets meanwhile leaves the calls after it with the backend.
+/// `BUCKETS_PER_CALL` buckets go in one backend call, `CALLS_AT_ONCE` calls at a time; each
+/// call's instant is read on `clock`.
 pub fn charge_in_turn<'a>(
     limiter: &'a RateLimiter,
+    clock: &'a dyn Clock,
     rules: &'a RuleSet,
     domain: &'a str,
     usages: &'a [BucketUsage<'a>],
-) -> impl Stream<Item = Vec<BucketQuota>> + Send + 'a {
+) -> impl Stream<Item = Answered> + Send + 'a {
     let Some(domain_rules) = rules.domain(domain) else {
-        let unmatched = vec![BucketQuota::NoRule; usages.len()];
+        let unmatched = Answered {
+            sent_at: clock.now_micros(),
+            quotas: vec![BucketQuota::NoRule; usages.len()],
+        };
         return futures_util::stream::iter([unmatched]).left_stream();
     };
     let deadline = Instant::now() + REPORT_DEADLINE;
@@ -168,19 +172,20 @@ pub fn charge_in_turn<'a>(
     // trips the compiler's proof that the task is `Send`.
     let calls: Vec<_> = usages
         .chunks(BUCKETS_PER_CALL)
-        .map(|chunk| charge_together(limiter, domain_rules, domain, chunk, deadline))
+        .map(|chunk| charge_together(limiter, clock, domain_rules, domain, chunk, deadline))
         .collect();
     (futures_util::stream::iter(calls).buffered(CALLS_AT_ONCE)).right_stream()
 }
 
-/// [`charge_buckets`] for buckets charged in one backend call, answered by `deadline`.
+/// [`charge_in_turn`] for buckets charged in one backend call, answered by `deadline`.
 async fn charge_together(
     limiter: &RateLimiter,
+    clock: &dyn Clock,
     rules: &Domain,
     domain: &str,
     usages: &[BucketUsage<'_>],
     deadline: Instant,
-) -> Vec<BucketQuota> {
+) -> Answered {
     // A large report is many calls; on the memory backend none of them waits, so each
     // lets the worker answer other requests first (a report of 1,000 buckets otherwise
     // held a worker for tens of milliseconds).
@@ -218,12 +223,13 @@ async fn charge_together(
         };
         buckets.push((charged, first..hits.len()));
     }
+    let sent_at = clock.now_micros();
     let results = if hits.is_empty() {
         Vec::new()
     } else {
         count_by(limiter, &hits, deadline).await
     };
-    (buckets.into_iter().zip(usages))
+    let quotas = (buckets.into_iter().zip(usages))
         .map(|((charged, span), usage)| match charged {
             Charged::Settled(quota) => quota,
             Charged::Counted {
@@ -239,7 +245,8 @@ async fn charge_together(
                 if shadow { BucketQuota::Shadowed } else { quota }
             }
         })
-        .collect()
+        .collect();
+    Answered { sent_at, quotas }
 }
 
 /// Counts `hits` by `deadline`. The hits a busy backend shed (refused before they were

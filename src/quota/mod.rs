@@ -53,11 +53,11 @@ use crate::metrics::{Code, ReportRefusal, Strategy as Assigned};
 use crate::rules::{Entry, OnBackendError, RuleSet};
 use crate::service::RateLimiter;
 use charge::{
-    BucketQuota, BucketUsage, DEMAND_PERIOD, DemandReport, bucket_descriptor, charge_buckets,
+    BucketQuota, BucketUsage, DEMAND_PERIOD, DemandReport, bucket_descriptor,
     charge_in_turn,
 };
 use assign::{Assignment, REPORT_INTERVAL};
-use bucket::{Bucket, micros, share};
+use bucket::{Bucket, CountedBetween, micros, share};
 use refusal::{bucket_key, cut, describe, listed, quoted};
 
 /// The name of a report's span.
@@ -467,8 +467,14 @@ impl QuotaStream {
             .collect();
         // Each call's buckets are assigned as its answer comes, while the calls after it are
         // with the backend.
-        let mut calls = std::pin::pin!(charge_in_turn(&limiter, &rules, &domain, &charges));
-        let (mut answered, mut counted_at) = (Vec::new().into_iter(), now);
+        let clock = self.clock.clone();
+        let calls = charge_in_turn(&limiter, clock.as_ref(), &rules, &domain, &charges);
+        let mut calls = std::pin::pin!(calls);
+        let mut answered = Vec::new().into_iter();
+        let mut counted = CountedBetween {
+            sent_at: now,
+            read_at: now,
+        };
         let mut reply = Reply::default();
         let (mut invalid, mut unmatched) = (Vec::new(), 0);
         for (index, (verdict, usage)) in verdicts.iter().zip(usages).enumerate() {
@@ -479,11 +485,15 @@ impl QuotaStream {
                     charge,
                 } => {
                     if answered.len() == 0 {
-                        answered = calls.next().await.unwrap_or_default().into_iter();
-                        counted_at = self.clock.now_micros();
+                        let call = calls.next().await.unwrap_or_default();
+                        counted = CountedBetween {
+                            sent_at: call.sent_at,
+                            read_at: self.clock.now_micros(),
+                        };
+                        answered = call.quotas.into_iter();
                     }
                     let quota = answered.next().unwrap_or_else(uncharged);
-                    self.assigned(key, descriptor, quota, *charge, now, counted_at)
+                    self.assigned(key, descriptor, quota, *charge, now, counted)
                 }
                 Verdict::Abandon(key) => Some(self.abandoned(key)),
                 Verdict::Unmatched => {
@@ -540,28 +550,37 @@ impl QuotaStream {
                 demand: None,
             })
             .collect();
-        let quotas = charge_buckets(&self.limiter, &rules, &domain, &charges).await;
-        let counted_at = self.clock.now_micros();
-        drop(charges);
+        let (limiter, clock) = (self.limiter.clone(), self.clock.clone());
+        let calls = charge_in_turn(&limiter, clock.as_ref(), &rules, &domain, &charges);
+        let mut calls = std::pin::pin!(calls);
+        let mut keys = due.iter().map(|(key, _)| key);
         let mut actions = Vec::new();
-        for ((key, _), quota) in due.into_iter().zip(quotas) {
-            let Some(bucket) = self.buckets.get_mut(&key) else {
-                continue;
+        while let Some(call) = calls.next().await {
+            let counted = CountedBetween {
+                sent_at: call.sent_at,
+                read_at: self.clock.now_micros(),
             };
-            let Some(assignment) = assign::assign(&quota, bucket.interval, bucket.share) else {
-                continue;
-            };
-            let next_report = bucket.reported_at + micros(REPORT_INTERVAL);
-            bucket.follow(&quota, counted_at, next_report);
-            bucket.pushed = assignment
-                .allowance()
-                .map(|(burst, rate)| (burst, rate, now));
-            bucket.holds = Some(assignment.clone());
-            self.limiter.metrics().quota().pushed();
-            actions.push(BucketAction {
-                bucket_id: Some(bucket_id(&key)),
-                bucket_action: Some(self.sent(assignment)),
-            });
+            // The answers first: zipped the other way round, the end of one call's answers
+            // would take a key of the next call's with it.
+            for (quota, key) in call.quotas.into_iter().zip(keys.by_ref()) {
+                let Some(bucket) = self.buckets.get_mut(key) else {
+                    continue;
+                };
+                let Some(assignment) = assign::assign(&quota, bucket.interval, bucket.share) else {
+                    continue;
+                };
+                let next_report = bucket.reported_at + micros(REPORT_INTERVAL);
+                bucket.follow(&quota, counted, next_report);
+                bucket.pushed = assignment
+                    .allowance()
+                    .map(|(burst, rate)| (burst, rate, now));
+                bucket.holds = Some(assignment.clone());
+                self.limiter.metrics().quota().pushed();
+                actions.push(BucketAction {
+                    bucket_id: Some(bucket_id(key)),
+                    bucket_action: Some(self.sent(assignment)),
+                });
+            }
         }
         actions
     }
@@ -634,8 +653,8 @@ impl QuotaStream {
         }
     }
 
-    /// The assignment for a bucket charged for a report read `now`, the backend's answer
-    /// read at `counted_at`, which the stream now holds; `None` leaves the data plane's
+    /// The assignment for a bucket charged for a report read `now`, counted by the backend
+    /// between the instants of `counted`, which the stream now holds; `None` leaves the data plane's
     /// assignment as it is (the backend could not count). A bucket the stream remembers is
     /// updated where it lies.
     fn assigned(
@@ -645,7 +664,7 @@ impl QuotaStream {
         quota: BucketQuota,
         charge: Charge,
         now: u64,
-        counted_at: u64,
+        counted: CountedBetween,
     ) -> Option<Action> {
         let previous = self.buckets.get_mut(key.as_slice());
         let added = previous.as_ref().and_then(|b| b.demand_added);
@@ -696,7 +715,7 @@ impl QuotaStream {
                 bucket.holds = Some(assignment.clone());
             }
             bucket.pushed = None;
-            bucket.follow(&quota, counted_at, next_report);
+            bucket.follow(&quota, counted, next_report);
         } else if self.remember(key) {
             let mut bucket = Bucket {
                 descriptor: Some(descriptor.clone()),
@@ -710,7 +729,7 @@ impl QuotaStream {
                 pushed: None,
                 push_at: None,
             };
-            bucket.follow(&quota, counted_at, next_report);
+            bucket.follow(&quota, counted, next_report);
             // One copy of the entries where the rule's order is the sorted one.
             let key = if **descriptor == *key.as_slice() {
                 descriptor.clone()
