@@ -195,23 +195,15 @@ async fn one_hit_each(server: &Floodgate) -> Vec<u64> {
     vec![1; CLIENTS]
 }
 
-fn signal(name: &str, pid: u32) {
-    let sent = std::process::Command::new("kill")
-        .args([name, &pid.to_string()])
-        .status()
-        .expect("kill runs");
-    assert!(sent.success(), "kill {name} {pid}");
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_stopped_redis_costs_each_request_at_most_the_wait() {
     let redis = RedisServer::start();
     let server = floodgate_on(&redis.url());
     let before = one_hit_each(&server).await;
 
-    signal("-STOP", redis.pid());
+    redis.freeze();
     let answers = ask_throughout(&server, Duration::from_millis(1500)).await;
-    signal("-CONT", redis.pid());
+    redis.thaw();
 
     every_answer_bounded(&server, &answers, "SIGSTOP 1.5 s");
     counted_exactly(&server, &before, &answers).await;

@@ -1,12 +1,17 @@
 //! One counter store, guarded: a remote one sits behind its circuit breaker and a cache of
-//! the counters it reported exhausted, and its calls are recorded in the stats.
+//! the counters it reported exhausted, its leased counters are decided from their blocks
+//! (`lease.rs`), and its calls are recorded in the stats.
 
+use std::borrow::Cow;
 use std::sync::Arc;
 
 use tokio::time::Instant;
 
 use super::breaker::{Admission, BreakerState, CallEnd};
-use super::{BackendError, BackendStats, Breaker, CounterHit, OnReject, OverLimitCache, Store};
+use super::lease::{self, GiveBack, Leases, Take};
+use super::{
+    BackendError, BackendStats, Breaker, CounterHit, OnReject, OverLimitCache, Store, rejects,
+};
 use crate::limiter::{CounterKey, Decision, Hits, Limit};
 
 /// One counter store; a remote one sits behind its circuit breaker and a cache of the
@@ -16,6 +21,8 @@ pub(super) struct Guarded {
     pub(super) store: Store,
     pub(super) breaker: Option<Arc<Breaker>>,
     pub(super) over_limit: Option<Arc<OverLimitCache>>,
+    /// The blocks of leased counters this replica holds (a remote store's).
+    pub(super) leases: Option<Arc<Leases>>,
     pub(super) stats: Arc<BackendStats>,
 }
 
@@ -56,8 +63,165 @@ impl Answers {
 }
 
 impl Guarded {
-    /// [`Backend::hit_all`] on this store alone.
+    /// [`Backend::hit_all`] on this store alone: the hits of leased counters from their
+    /// blocks where they hold enough, the others by the store.
     pub(super) async fn hit_here(
+        &self,
+        hits: &[CounterHit<'_>],
+        on_reject: OnReject,
+        deadline: Option<Instant>,
+    ) -> Answers {
+        if let Some(leases) = &self.leases
+            && hits.iter().any(lease::leasable)
+        {
+            return self.hit_leased(leases, hits, on_reject, deadline).await;
+        }
+        self.hit_unleased(hits, on_reject, deadline).await
+    }
+
+    /// [`Guarded::hit_here`] for a request with a leased hit. Each leased hit is decided
+    /// from its counter's block when the block holds enough; the others go to the store.
+    /// When the store's part rejects the request and it must take nothing, the blocks get
+    /// back what was decided from them.
+    async fn hit_leased(
+        &self,
+        leases: &Arc<Leases>,
+        hits: &[CounterHit<'_>],
+        on_reject: OnReject,
+        deadline: Option<Instant>,
+    ) -> Answers {
+        if leases.first_use() {
+            self.sweep_leases();
+        }
+        let now = Instant::now();
+        let mut local = Vec::with_capacity(hits.len());
+        for hit in hits {
+            if !lease::leasable(hit) {
+                local.push(None);
+                continue;
+            }
+            let (decided, take) = leases.decide(&hit.key, &hit.limit, hit.hits.amount, now);
+            if let Some(take) = take {
+                self.take_in_background(leases.clone(), take);
+            }
+            local.push(decided);
+        }
+        if local.iter().all(Option::is_some) {
+            return Answers::from_store(local.into_iter().flatten().map(Ok).collect());
+        }
+        let pending: Vec<CounterHit<'_>> = (hits.iter().zip(&local))
+            .filter(|(_, decided)| decided.is_none())
+            .map(|(hit, _)| hit.clone())
+            .collect();
+        let fetched = Box::pin(self.hit_unleased(&pending, on_reject, deadline)).await;
+        if on_reject == OnReject::ConsumeNothing && rejects(&pending, &fetched.results) {
+            for (hit, decided) in hits.iter().zip(&local) {
+                if decided.is_some() {
+                    leases.put_back(&hit.key, hit.hits.amount);
+                }
+            }
+        }
+        let mut origins = Vec::new();
+        let mut results = Vec::with_capacity(hits.len());
+        let mut from_store = fetched.results.into_iter().enumerate();
+        for decided in local {
+            match decided {
+                Some(decision) => {
+                    results.push(Ok(decision));
+                    origins.push(AnsweredBy::Store);
+                }
+                None => {
+                    let (index, result) = from_store.next().unwrap_or_else(|| {
+                        let missing = BackendError::Protocol("fewer answers than calls".into());
+                        (usize::MAX, Err(missing))
+                    });
+                    results.push(result);
+                    origins.push(fetched_origin(&fetched.origins, index));
+                }
+            }
+        }
+        Answers { results, origins }
+    }
+
+    /// Takes the block `take` names off the request path, asking again for less while the
+    /// store refuses a block larger than what it has left.
+    fn take_in_background(&self, leases: Arc<Leases>, take: Take) {
+        let store = Guarded {
+            leases: None,
+            ..self.clone()
+        };
+        tokio::spawn(async move {
+            let mut asked = leases.block(&take.key);
+            while asked > 0 {
+                let hit = CounterHit::new(
+                    take.key.clone(),
+                    Cow::Borrowed(&take.limit),
+                    Hits::take(asked),
+                    false,
+                );
+                let sent = Instant::now();
+                let deadline = Some(sent + lease::TAKE_WAIT);
+                let answer = store.call(&[hit], OnReject::Consume, deadline).await;
+                asked = match answer.into_iter().next() {
+                    Some(Ok(decision)) => leases.took(&take.key, asked, decision, sent),
+                    Some(Err(error)) => {
+                        leases.failed(&take.key, &error);
+                        0
+                    }
+                    None => {
+                        leases.failed(&take.key, &BackendError::Protocol("no answer".into()));
+                        0
+                    }
+                };
+            }
+        });
+    }
+
+    /// Gives back what `leases` holds idle, every quarter of [`lease::IDLE`], for as long
+    /// as the leases are kept: started by the first leased hit.
+    fn sweep_leases(&self) {
+        let Some(leases) = &self.leases else {
+            return;
+        };
+        let weak = lease::downgrade(leases);
+        let store = Guarded {
+            leases: None,
+            ..self.clone()
+        };
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(lease::IDLE / 4);
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                tick.tick().await;
+                let Some(leases) = weak.upgrade() else {
+                    return;
+                };
+                let back = leases.sweep(Instant::now());
+                drop(leases);
+                for give_back in back {
+                    store.give_back_held(give_back).await;
+                }
+            }
+        });
+    }
+
+    /// Returns a block's unspent quota to the shared count, by its deadline.
+    async fn give_back_held(&self, back: GiveBack) {
+        let GiveBack {
+            key,
+            limit,
+            amount,
+            deadline,
+        } = back;
+        let hit = CounterHit::new(key, Cow::Owned(limit), Hits::give_back(amount), false);
+        let answer = self.call(&[hit], OnReject::Consume, deadline).await;
+        if let Some(Err(error)) = answer.first() {
+            tracing::debug!(%error, amount, "a lease's unspent quota could not be given back");
+        }
+    }
+
+    /// [`Guarded::hit_here`] without leases.
+    async fn hit_unleased(
         &self,
         hits: &[CounterHit<'_>],
         on_reject: OnReject,
@@ -327,6 +491,11 @@ const NOT_CONSULTED: Decision = Decision {
     remaining: 0,
     reset_micros: 0,
 };
+
+/// Where the store's answer `index` came from, by its `origins` (empty: the store).
+fn fetched_origin(origins: &[AnsweredBy], index: usize) -> AnsweredBy {
+    origins.get(index).copied().unwrap_or(AnsweredBy::Store)
+}
 
 /// Whether a cached answer (always a rejection) belongs to a binding hit, so the request is
 /// rejected whatever the backend would say about the others.

@@ -9,6 +9,7 @@ use tokio::time::Instant;
 
 use super::breaker::BreakerState;
 use super::guarded::{AnsweredBy, Answers, Guarded};
+use super::lease::LeaseCounts;
 use super::{
     BackendError, BackendStats, Breaker, CacheCounts, CounterHit, MemoryBackend, OnReject,
     OverLimitCache, RemoteStore, Store, rejects,
@@ -34,6 +35,7 @@ impl Backend {
             store: Store::Memory(memory),
             breaker: None,
             over_limit: None,
+            leases: None,
             stats: Arc::default(),
         };
         Backend {
@@ -53,6 +55,7 @@ impl Backend {
             store: Store::Remote(store),
             breaker: breaker.map(Arc::new),
             over_limit: Some(Arc::new(over_limit)),
+            leases: Some(Arc::default()),
             stats: Arc::default(),
         };
         Backend {
@@ -205,6 +208,19 @@ impl Backend {
             .filter_map(|store| store.over_limit.as_ref())
             .map(|cache| cache.len())
             .sum()
+    }
+
+    /// What the stores' leases hold and did, added up.
+    pub fn lease_counts(&self) -> LeaseCounts {
+        (self.stores())
+            .filter_map(|store| store.leases.as_ref())
+            .map(|leases| leases.counts())
+            .fold(LeaseCounts::default(), |total, counts| LeaseCounts {
+                counters: total.counters + counts.counters,
+                held: total.held + counts.held,
+                decided: total.decided + counts.decided,
+                takes: total.takes + counts.takes,
+            })
     }
 
     /// The over-limit caches' counts, added up; `None` without an enabled one.

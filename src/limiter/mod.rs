@@ -158,6 +158,10 @@ pub struct Limit {
     /// after the fact: an LLM response's tokens); over the limit, even a check is refused
     /// until the algorithm brings the count back within it.
     pub overshoot: bool,
+    /// A replica takes blocks of this limit's quota from a shared store and decides its hits
+    /// from them in process (`lease: true`; docs/algorithms.md, "Leases"). Fixed window and
+    /// token bucket only; the memory store, local already, ignores it.
+    pub lease: bool,
 }
 
 impl Limit {
@@ -171,6 +175,7 @@ impl Limit {
             burst: None,
             timezone: None,
             overshoot: false,
+            lease: false,
         }
     }
 

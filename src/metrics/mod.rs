@@ -522,6 +522,28 @@ fn render_backend(page: &mut Exposition, backend: &Backend) {
     let help = "Exhausted counters remembered by the over-limit cache.";
     page.family(name, Kind::Gauge, help);
     page.sample(name, &[], backend.over_limit_cache_len());
+
+    let leases = backend.lease_counts();
+    let name = "floodgate_leased_counters";
+    let help = "Counters of `lease: true` limits this replica decides from blocks of their \
+                quota taken from the shared store.";
+    page.family(name, Kind::Gauge, help);
+    page.sample(name, &[], leases.counters);
+    let name = "floodgate_lease_held";
+    let help = "Quota this replica's blocks hold unspent: taken out of the shared counts, \
+                lost to the other replicas until spent, given back (idle a second) or their \
+                window ends.";
+    page.family(name, Kind::Gauge, help);
+    page.sample(name, &[], leases.held);
+    let name = "floodgate_lease_decisions_total";
+    let help = "Hits of leased counters decided here without the store: allowed from a block, \
+                or refused while the shared count had nothing left.";
+    page.family(name, Kind::Counter, help);
+    page.sample(name, &[], leases.decided);
+    let name = "floodgate_lease_blocks_total";
+    let help = "Blocks of quota taken from the shared store.";
+    page.family(name, Kind::Counter, help);
+    page.sample(name, &[], leases.takes);
 }
 
 fn render_memory(page: &mut Exposition, memory: &MemoryBackend) {

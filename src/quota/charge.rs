@@ -496,6 +496,7 @@ fn demand_hits<'a>(domain: &str, found: &Match<'_>, demand: DemandReport) -> [Co
         burst: None,
         timezone: None,
         overshoot: true,
+        lease: false,
     };
     let mut rule = String::with_capacity(found.rule.id.len() + 32);
     let mut hit = |period: u64, amount: u64| {

@@ -56,10 +56,11 @@ fn dump_limit(out: &mut String, named: &NamedLimit) {
     } else {
         ""
     };
+    let lease = if limit.lease { ", lease=true" } else { "" };
     let _ = write!(
         out,
         "{{unit={}, unit_multiplier={}, requests_per_unit={}, algorithm={}, burst={burst}, \
-         timezone={}, name={}{overshoot}}}",
+         timezone={}, name={}{overshoot}{lease}}}",
         limit.unit.name(),
         limit.unit_multiplier,
         limit.requests_per_unit,

@@ -9,7 +9,7 @@ use super::{NamedLimit, Policy};
 use crate::limiter::{Algorithm, Limit, MAX_SPAN_MICROS, Timezone, Unit};
 
 /// The keys of a `rate_limit` map, ordered so that the other key sets are its prefixes.
-const RATE_LIMIT_KEYS: [&str; 10] = [
+const RATE_LIMIT_KEYS: [&str; 11] = [
     // The keys that shape counting; none of them goes with `unlimited: true`.
     "unit",
     "requests_per_unit",
@@ -18,6 +18,7 @@ const RATE_LIMIT_KEYS: [&str; 10] = [
     "unit_multiplier",
     "timezone",
     "overshoot",
+    "lease",
     // The rest of a `rate_limits` element's keys.
     "name",
     "replaces",
@@ -26,10 +27,10 @@ const RATE_LIMIT_KEYS: [&str; 10] = [
 ];
 
 /// The keys that shape counting.
-const COUNTING_KEYS: &[&str] = RATE_LIMIT_KEYS.split_at(7).0;
+const COUNTING_KEYS: &[&str] = RATE_LIMIT_KEYS.split_at(8).0;
 
 /// The keys of a `rate_limits` element: a `rate_limit` map's, without `unlimited`.
-const LIST_ELEMENT_KEYS: &[&str] = RATE_LIMIT_KEYS.split_at(9).0;
+const LIST_ELEMENT_KEYS: &[&str] = RATE_LIMIT_KEYS.split_at(10).0;
 
 const UNITS: &str = "second, minute, hour, day, week, month, year";
 
@@ -247,6 +248,24 @@ fn read_limit(
         None => Some(false),
         Some(node) => reader.boolean(node, &field("overshoot"), rule),
     };
+    let lease = match fields.get("lease") {
+        None => Some(false),
+        Some(node) => {
+            let lease = reader.boolean(node, &field("lease"), rule);
+            let fits = match lease {
+                Some(true) => lease_fits(algorithm, overshoot),
+                _ => Ok(()),
+            };
+            if let Err(message) = fits {
+                reader.error(
+                    yaml::line(node),
+                    rule,
+                    format!("{}: {message}", field("lease")),
+                );
+            }
+            lease
+        }
+    };
     let limit = Limit {
         requests_per_unit: requests_per_unit?,
         unit: unit?,
@@ -255,6 +274,7 @@ fn read_limit(
         burst: optional(burst)?,
         timezone: optional(timezone)?,
         overshoot: overshoot?,
+        lease: lease?,
     };
     if limit.span_micros() > MAX_SPAN_MICROS {
         let message = format!(
@@ -265,6 +285,46 @@ fn read_limit(
         return None;
     }
     Some(limit)
+}
+
+/// Whether a limit of `algorithm` (when it was read) can lease its quota. A block is hits
+/// taken out of the shared count ahead of the requests that spend them: a fixed window's
+/// count and a token bucket's tokens are the same whenever they are spent within the block's
+/// window (or, for tokens, its time to live). Not the others:
+///
+/// - `sliding_log` logs each hit at the instant it is counted: a block's hits would leave the
+///   log a block's age before the requests that spent them, and the next window could admit
+///   them again;
+/// - `sliding_window` weighs the previous window's count by time, so the quota a block may
+///   take changes while it is held, and a block must end with its window to stay exact;
+/// - `gcra` is a token bucket counted as one theoretical arrival time: a block is the same as
+///   a token bucket's, so the rule is better written as `token_bucket` with the same burst.
+///
+/// `overshoot` charges usage after the fact, past the limit: there is nothing for a block to
+/// take ahead.
+fn lease_fits(algorithm: Option<Algorithm>, overshoot: Option<bool>) -> Result<(), String> {
+    if overshoot == Some(true) {
+        return Err(
+            "lease cannot be combined with overshoot, which charges usage after the \
+                    fact instead of taking quota ahead"
+                .to_owned(),
+        );
+    }
+    match algorithm {
+        Some(Algorithm::FixedWindow | Algorithm::TokenBucket) | None => Ok(()),
+        Some(Algorithm::SlidingLog) => Err("sliding_log cannot lease: a block's hits would be \
+             logged when the block is taken, not when its requests come, and leave the log \
+             early; use fixed_window or token_bucket"
+            .to_owned()),
+        Some(Algorithm::SlidingWindow) => Err("sliding_window does not lease: the quota it \
+             allows moves with the previous window's weight while a block is held; use \
+             fixed_window or token_bucket"
+            .to_owned()),
+        Some(other) => Err(format!(
+            "{} does not lease; token_bucket with the same burst counts the same and leases",
+            other.name()
+        )),
+    }
 }
 
 /// Whether `burst` applies to `algorithm` (when it was read): token bucket and GCRA only.

@@ -263,6 +263,24 @@ impl RedisServer {
         self.child.id()
     }
 
+    /// Freezes the server (SIGSTOP): it keeps its connections and answers nothing.
+    pub fn freeze(&self) {
+        self.signal("-STOP");
+    }
+
+    /// Lets a frozen server run again (SIGCONT).
+    pub fn thaw(&self) {
+        self.signal("-CONT");
+    }
+
+    fn signal(&self, name: &str) {
+        let sent = std::process::Command::new("kill")
+            .args([name, &self.pid().to_string()])
+            .status()
+            .expect("kill runs");
+        assert!(sent.success(), "kill {name} {}", self.pid());
+    }
+
     pub fn port(&self) -> u16 {
         self.port
     }

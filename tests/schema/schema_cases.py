@@ -120,6 +120,12 @@ REFUSED: dict[str, str] = {
     "timezone_empty": limit("unit: day\nrequests_per_unit: 1\ntimezone: ''"),
     "timezone_null": listed("unit: day\nrequests_per_unit: 1\ntimezone:"),
     "overshoot_is_a_word": limit(f"{PER_SECOND}\novershoot: always"),
+    "lease_is_a_word": limit(f"{PER_SECOND}\nlease: always"),
+    "lease_with_sliding_log": limit(f"{PER_SECOND}\nalgorithm: sliding_log\nlease: true"),
+    "lease_with_sliding_window": listed(f"{PER_SECOND}\nalgorithm: sliding_window\nlease: yes"),
+    "lease_with_gcra": limit(f"{PER_SECOND}\nalgorithm: gcra\nlease: on"),
+    "lease_with_overshoot": limit(f"{PER_SECOND}\novershoot: true\nlease: true"),
+    "unlimited_with_lease": limit("unlimited: true\nlease: false"),
     # replaces
     "replaces_is_a_map": limit(f"{PER_SECOND}\nreplaces: {{name: other}}"),
     "replaces_entry_without_name": limit(f"{PER_SECOND}\nreplaces:\n  - {{}}"),
@@ -191,6 +197,13 @@ ACCEPTED: dict[str, str] = {
         "  - {unit: minute, requests_per_unit: 2, overshoot: true}\n"
         "  - {unit: hour, requests_per_unit: 3, overshoot: true, algorithm: sliding_log}\n"
         "  - {unit: day, requests_per_unit: 4, overshoot: false, algorithm: sliding_window}"
+    ),
+    "lease_on_fixed_window_and_token_bucket": descriptor(
+        "key: k\nrate_limits:\n"
+        "  - {unit: second, requests_per_unit: 1, lease: true}\n"
+        "  - {unit: minute, requests_per_unit: 2, lease: yes, algorithm: fixed_window, overshoot: false}\n"
+        "  - {unit: hour, requests_per_unit: 3, lease: true, algorithm: token_bucket, burst: 5}\n"
+        "  - {unit: day, requests_per_unit: 4, lease: false, algorithm: sliding_log}"
     ),
     "share_threshold_false_anywhere": descriptor("key: k\nshare_threshold: false"),
     "share_threshold_on_a_wildcard": descriptor(

@@ -1389,3 +1389,68 @@ fn overshoot_is_a_counting_key_and_no_partner_for_unlimited() {
         "`overshoot` cannot be combined with `unlimited: true`",
     );
 }
+
+#[test]
+fn lease_goes_with_fixed_window_and_token_bucket() {
+    let rules = load_ok(
+        "
+        domain: api
+        descriptors:
+          - key: tenant
+            rate_limits:
+              - {unit: hour, requests_per_unit: 200, lease: true}
+              - {unit: second, requests_per_unit: 50, algorithm: token_bucket, lease: true}
+              - {unit: day, requests_per_unit: 5000}
+        ",
+    );
+    let limits = limits(rule(&rules, "api.tenant"));
+    let leased: Vec<bool> = limits.iter().map(|named| named.limit.lease).collect();
+    assert_eq!(leased, [true, true, false]);
+    assert!(
+        rules.dump().contains("name=none, lease=true}"),
+        "{}",
+        rules.dump()
+    );
+}
+
+#[test]
+fn lease_is_refused_where_a_block_cannot_be_exact() {
+    let refused = [
+        ("sliding_log", "sliding_log cannot lease"),
+        ("sliding_window", "sliding_window does not lease"),
+        (
+            "gcra",
+            "gcra does not lease; token_bucket with the same burst",
+        ),
+    ];
+    for (algorithm, message) in refused {
+        assert_error(
+            &format!(
+                "
+                domain: d
+                descriptors:
+                  - key: k
+                    rate_limit:
+                      unit: second
+                      requests_per_unit: 1
+                      algorithm: {algorithm}
+                      lease: true
+                "
+            ),
+            8,
+            "domain d > k",
+            message,
+        );
+    }
+    assert_error(
+        "
+        domain: d
+        descriptors:
+          - key: k
+            rate_limit: {unit: second, requests_per_unit: 1, overshoot: true, lease: true}
+        ",
+        4,
+        "domain d > k",
+        "lease cannot be combined with overshoot",
+    );
+}
