@@ -13,6 +13,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use harness::{Floodgate, OK, OVER_LIMIT, descriptor, request};
 use redis_harness::RedisServer;
 use redis_harness::cluster::RedisCluster;
+use redis_harness::delay::DelayedLink;
 
 const RULES: &str = "
 domain: leased
@@ -42,6 +43,30 @@ fn floodgate_on(url: &str) -> Floodgate {
 
 fn floodgate_with(backend: &[&str]) -> Floodgate {
     Floodgate::start(&[("leased.yaml", RULES)], backend)
+}
+
+/// Asks for `tenant` from [`CLIENTS`] tasks on `server` for `period`: every answer's code
+/// in the order each task got them (an error as `None`).
+async fn codes_for(server: &Floodgate, tenant: &str, period: Duration) -> Vec<Vec<Option<i32>>> {
+    let deadline = tokio::time::Instant::now() + period;
+    let mut tasks = Vec::new();
+    for _ in 0..CLIENTS {
+        let mut client = server.client().await;
+        let ask = request("leased", vec![descriptor(&[("tenant", tenant)])]);
+        tasks.push(tokio::spawn(async move {
+            let mut codes = Vec::new();
+            while tokio::time::Instant::now() < deadline {
+                let answer = client.should_rate_limit(ask.clone()).await;
+                codes.push(answer.ok().map(|answer| answer.into_inner().overall_code));
+            }
+            codes
+        }));
+    }
+    let mut all = Vec::new();
+    for task in tasks {
+        all.push(task.await.expect("a client task"));
+    }
+    all
 }
 
 /// Waits for the next hour when the current one ends within `room`: a fixed window of an
@@ -172,6 +197,53 @@ async fn an_idle_replica_gives_its_block_back_and_the_other_gets_all_of_the_limi
     assert_eq!(one.metric("floodgate_lease_held"), 0.0);
     let rest = hammer(&[&two], "idle", 20).await[0];
     assert_eq!(first + second + rest, 1000, "{first} + {second} + {rest}");
+}
+
+/// A Redis 50 ms away, farther than the 15 ms command timeout: requests it would decide are
+/// answered by their policy at once (`fail_closed`), but a lease's take waits for it, off
+/// the request path, so once the first block came nearly every request is decided from
+/// blocks, and the limit still holds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_redis_farther_than_the_timeout_still_leases_blocks() {
+    clear_of_the_hour(Duration::from_secs(90)).await;
+    let redis = RedisServer::start();
+    let link = DelayedLink::to(redis.port(), Duration::from_millis(50)).await;
+    let server = Floodgate::start_with_env(
+        &[("leased.yaml", RULES)],
+        &["--backend", "redis", "--redis-url", &link.url()],
+        &[("FLOODGATE_REDIS_CONNECT_TIMEOUT_MS", "2000")],
+    );
+    // Its first round trips tell floodgate how far Redis is, past the command timeout
+    // (requests it would decide are answered by policy at once); the first blocks come
+    // meanwhile.
+    let round_trip = "floodgate_redis_round_trip_seconds";
+    for _ in 0..10 {
+        codes_for(&server, "plenty", Duration::from_secs(1)).await;
+        if server.metric(round_trip) > 0.015 {
+            break;
+        }
+    }
+    assert!(
+        server.metric(round_trip) > 0.015,
+        "Redis never measured far"
+    );
+    let codes: Vec<Option<i32>> = (codes_for(&server, "plenty", Duration::from_secs(4)).await)
+        .into_iter()
+        .flatten()
+        .collect();
+    let decided = codes.iter().filter(|code| **code == Some(OK)).count();
+    let by_policy = codes
+        .iter()
+        .filter(|code| **code == Some(OVER_LIMIT))
+        .count();
+    assert!(
+        decided * 100 >= codes.len() * 99,
+        "{decided} of {} decided from blocks ({by_policy} by policy)",
+        codes.len()
+    );
+    // A limit of 1,000 through the same far link: never more.
+    let admitted = hammer(&[&server], "idle", 20).await[0];
+    assert!(admitted <= 1000, "{admitted} admitted of 1000");
 }
 
 /// While Redis is stopped (SIGSTOP, 1.5 s), a leased counter with a block left keeps

@@ -12,7 +12,8 @@
 //! no request waits for the store.
 //!
 //! Blocks follow demand: what this replica spent (and asked for) a second since its last
-//! block, for [`AHEAD`] of it; never more than a quarter of what the shared count had left at
+//! block, for [`AHEAD`] of it (six takes' time on a Redis far away; twice the last block
+//! when it ran out before the next came); never more than a quarter of what the shared count had left at
 //! the last take, so near the end each block is one hit and the last hits are exact. A block
 //! nobody spends from for [`IDLE`] goes back to the shared count (a fixed window's only while
 //! its window still runs: the call carries the window's end as its deadline, and the store
@@ -32,6 +33,10 @@ use crate::limiter::{Algorithm, CounterKey, Decision, Limit};
 /// How far ahead a block reaches at the replica's demand: about five takes a second while
 /// demand holds, each asked when half the block before it is left.
 pub const AHEAD: Duration = Duration::from_millis(200);
+
+/// On a Redis far away, a block reaches this many takes' time ahead, so that the next block
+/// (taken at half spent) comes before this one runs out.
+const LATENCIES_AHEAD: u32 = 6;
 
 /// A block nobody spent from for this long goes back to the shared count.
 pub const IDLE: Duration = Duration::from_secs(1);
@@ -102,6 +107,13 @@ struct Lease {
     since: Instant,
     /// The demand at the last take, hits a second.
     rate: f64,
+    /// How long the last take took, sent to answered: a block reaches further ahead on a
+    /// Redis far away.
+    latency: Duration,
+    /// The last block asked, and whether hits found it spent while the next was out: the
+    /// demand was underestimated, and the next block is twice as large at least.
+    last_block: u64,
+    ran_dry: bool,
     /// When a hit last came.
     last_hit: Instant,
     /// Hits decided from its blocks (or refused here).
@@ -210,6 +222,7 @@ impl Leases {
                 reset_micros,
             })
         } else {
+            lease.ran_dry |= lease.taking;
             None
         };
         lease.decided += u64::from(decided.is_some());
@@ -244,6 +257,7 @@ impl Leases {
             return 0;
         };
         let now = Instant::now();
+        lease.latency = now.saturating_duration_since(sent);
         lease.left = decision.remaining;
         lease.resets = sent + Duration::from_micros(decision.reset_micros);
         if !decision.allowed {
@@ -272,6 +286,8 @@ impl Leases {
             lease.ends = ends;
         }
         lease.taking = false;
+        lease.last_block = asked;
+        lease.ran_dry = false;
         lease.measure(now);
         self.takes.fetch_add(1, Ordering::Relaxed);
         0
@@ -356,6 +372,9 @@ impl Lease {
             asked: 0,
             since: now,
             rate: 0.0,
+            latency: Duration::ZERO,
+            last_block: 0,
+            ran_dry: false,
             last_hit: now,
             decided: 0,
             taking: false,
@@ -373,14 +392,19 @@ impl Lease {
         held == 0 || 2 * held <= self.block()
     }
 
-    /// The next block: the demand for [`AHEAD`], at least one hit, at most a quarter of
+    /// The next block: the demand for [`AHEAD`] (or [`LATENCIES_AHEAD`] takes' time, if
+    /// longer), at least one hit, at most a quarter of
     /// what the shared count had left (one hit at a time near the end) and the limit.
     fn block(&self) -> u64 {
         // What was asked since the last measure, over at least a quarter of `AHEAD`: a few
         // hits in the first microseconds are no rate.
         let elapsed = (self.since.elapsed()).max(AHEAD / 4).as_secs_f64();
         let rate = self.rate.max(self.asked as f64 / elapsed);
-        let wanted = (rate * AHEAD.as_secs_f64()).ceil() as u64;
+        let ahead = AHEAD.max(LATENCIES_AHEAD * self.latency);
+        let mut wanted = (rate * ahead.as_secs_f64()).ceil() as u64;
+        if self.ran_dry {
+            wanted = wanted.max(self.last_block.saturating_mul(2));
+        }
         let share = (self.left / SHARE_OF_LEFT).max(1);
         let most = match self.limit.algorithm {
             Algorithm::TokenBucket => self.limit.capacity(),

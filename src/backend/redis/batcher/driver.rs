@@ -12,7 +12,7 @@ use tokio::time::{Instant, timeout_at};
 
 use super::exchange::{Failure, exchange_in_time};
 use super::queue::{Request, answer_all};
-use super::{CallTimes, LaneState, Link, MAX_CALLS_IN_FLIGHT, REQUESTS_PER_CALL, lock};
+use super::{CallTimes, LaneState, Link, MAX_CALLS_IN_FLIGHT, PATIENT, REQUESTS_PER_CALL, lock};
 use crate::backend::BackendError;
 use crate::limiter::Decision;
 
@@ -77,7 +77,24 @@ fn dispatch<L: Link>(
         }
         !answered
     });
-    if !requests.is_empty() {
+    if requests.is_empty() {
+        return;
+    }
+    // On a Redis far away, patient requests (a lease's take) go in a call of their own: in
+    // one with requests that must be answered within the command timeout, Redis would run
+    // it too late for those, and the patient ones would go again a round trip later. (On
+    // a near Redis one call is out at a time, and a patient one beside it would hold the
+    // next call back for its round trip.)
+    if state.far() {
+        let now = Instant::now();
+        let (patient, hasty): (Vec<Request>, Vec<Request>) =
+            (requests.into_iter()).partition(|request| request.deadline >= now + PATIENT);
+        for part in [patient, hasty] {
+            if !part.is_empty() {
+                calls.push(call(state.clone(), part).boxed());
+            }
+        }
+    } else {
         calls.push(call(state.clone(), requests).boxed());
     }
 }

@@ -10,7 +10,7 @@ use tokio::time::{Instant, timeout_at};
 
 use super::queue::{Request, answer_all};
 use super::script::{self, Answer, Group, RanAt, ScriptClock};
-use super::{CallTimes, LaneState, Link, is_noscript, lock};
+use super::{CallTimes, LaneState, Link, PATIENT, is_noscript, lock};
 use crate::backend::BackendError;
 use crate::limiter::Decision;
 
@@ -56,7 +56,13 @@ pub(super) async fn exchange_in_time<L: Link>(
             let nothing = Ran { sent, at: None };
             return Ok((Vec::new(), nothing));
         };
-        let bound = sent + timeout;
+        // Patient requests alone (a lease's take) may be run until their deadline: on a
+        // Redis farther than the command timeout, that is what lets them be run at all.
+        let bound = if earliest >= sent + PATIENT {
+            earliest
+        } else {
+            sent + timeout
+        };
         // A verdict reaches its request later than the quickest reply would: the script
         // must run early enough for it to arrive by the request's deadline, or a request
         // answered by its policy would be counted as well.

@@ -30,6 +30,9 @@
 //! **Too far.** A Redis whose quickest round trip lately is above the command timeout cannot
 //! answer any call in time: requests are answered at once ([`BackendError::TooFar`]), and a
 //! `TIME` measures the way again every [`FAR_PROBE_INTERVAL`] until it is near enough.
+//! Patient requests (a wait of [`PATIENT`] or more: a lease's take of a block) are the
+//! exception: sent when their wait holds two round trips, in calls of their own on a far
+//! Redis, which Redis may start until their deadline.
 //!
 //! **Never counted once answered.** A request that stops waiting (its deadline passed) before
 //! its call is sent is left out of the call. A call that is out carries the earliest deadline
@@ -104,6 +107,13 @@ const FAR_PROBE_INTERVAL: Duration = Duration::from_millis(200);
 /// The round trips a lane must have measured before it finds Redis too far: one slow sample
 /// (a busy machine, a Redis just started) is one unlucky moment, not a distance.
 const FAR_SAMPLES: u64 = 4;
+
+/// A request with this long to wait or longer is patient (a lease's take of a block,
+/// docs/algorithms.md, "Leases"; no request's own wait is this long unless
+/// `redis_max_wait_ms` says so): it is sent to a Redis too far for the command timeout when
+/// its wait holds two round trips, and a call of patient requests alone may start in Redis
+/// until their deadline, not only within the command timeout.
+pub(crate) const PATIENT: Duration = Duration::from_millis(1500);
 
 /// The runtime every lane's driver, connection set-up and replies run on: one thread of its
 /// own, so that a server busy with requests (a storm of refusals at overload) still reads
@@ -251,7 +261,15 @@ impl<L: Link> Lane<L> {
         let count = hits.len();
         let now = Instant::now();
         if let Some(too_far) = self.state.too_far(now) {
-            return vec![Err(too_far); count];
+            let patient = match too_far {
+                BackendError::TooFar { round_trip, .. } => {
+                    deadline >= now + PATIENT && deadline >= now + 2 * round_trip
+                }
+                _ => false,
+            };
+            if !patient {
+                return vec![Err(too_far); count];
+            }
         }
         if let Err(refusal) = self.state.capacity.admit(count, now, deadline) {
             let why = match refusal {
