@@ -84,7 +84,7 @@ if cargo nextest --version >/dev/null 2>&1; then
     stage "the Redis-facing suites again, on Valkey"
     FLOODGATE_TEST_SERVER=valkey cargo nextest run --locked --no-fail-fast --profile valkey \
         --test lua_contract --test redis_backend --test redis_cluster --test redis_in_motion \
-        --test redis_sentinel --test sentinel_in_motion --test late_calls
+        --test redis_sentinel --test sentinel_in_motion --test late_calls --test leases
 else
     cargo test --workspace --locked --no-fail-fast
 fi

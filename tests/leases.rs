@@ -31,6 +31,9 @@ descriptors:
   - key: tenant
     value: idle
     rate_limit: {unit: hour, requests_per_unit: 1000, lease: true}
+  - key: tenant
+    value: second
+    rate_limit: {unit: second, requests_per_unit: 50, lease: true}
 ";
 
 /// Client tasks a replica: each asks, one request at a time, on its own connection.
@@ -164,6 +167,99 @@ async fn two_replicas_on_a_cluster_admit_200_between_them_and_never_more() {
         &["--backend", "redis-cluster", "--redis-url", &seeds],
     )
     .await;
+}
+
+/// Windows of a second, 50 each, leased by two replicas for eight seconds, with demand
+/// that leaves blocks half spent at one reset and takes the whole window after it: a steady
+/// 40 a second over both replicas (under the limit: each replica holds part of a block
+/// when its window ends), and on even seconds a burst from sixteen clients a replica in the
+/// window's first 200 ms. A block spent after its window ended would add what it held to
+/// the burst's window. Each admitted request is put in the window its answer names (the
+/// instant it came plus `duration_until_reset`, to the nearest second; the window running
+/// then when it names none left): no window admits more than 50, and each whole burst
+/// window at least 45.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn leased_windows_of_a_second_hold_at_every_reset() {
+    let redis = RedisServer::start();
+    let url = redis.url();
+    let (one, two) = (floodgate_on(&url), floodgate_on(&url));
+    let start = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .expect("after 1970");
+    let end = start.as_secs() + 9;
+    let mut tasks = Vec::new();
+    for server in [&one, &two] {
+        // The steady client: one request every 50 ms (20 a second a replica).
+        let steady = (0..1).map(|_| Duration::ZERO);
+        // The burst clients: from each even second to 200 ms into it.
+        let bursts = (0..CLIENTS).map(|_| Duration::from_millis(200));
+        for burst in steady.chain(bursts) {
+            let mut client = server.client().await;
+            let ask = request("leased", vec![descriptor(&[("tenant", "second")])]);
+            tasks.push(tokio::spawn(async move {
+                let mut windows = Vec::new();
+                loop {
+                    let now = SystemTime::now()
+                        .duration_since(UNIX_EPOCH)
+                        .expect("after 1970");
+                    if now.as_secs() >= end {
+                        return windows;
+                    }
+                    let into = now - Duration::from_secs(now.as_secs());
+                    let bursting = now.as_secs().is_multiple_of(2) && into < burst;
+                    if burst > Duration::ZERO && !bursting {
+                        tokio::time::sleep(Duration::from_millis(5)).await;
+                        continue;
+                    }
+                    let Ok(answer) = client.should_rate_limit(ask.clone()).await else {
+                        continue;
+                    };
+                    let answer = answer.into_inner();
+                    if answer.overall_code == OK {
+                        let reset = (answer.statuses[0].duration_until_reset)
+                            .map_or(0.0, |d| d.seconds as f64 + f64::from(d.nanos) / 1e9);
+                        let now = SystemTime::now().duration_since(UNIX_EPOCH);
+                        let now = now.expect("after 1970").as_secs_f64();
+                        // A window that has ended names no time left: a hit decided in it
+                        // after its end (from a block) belongs to the window running now.
+                        let window = if reset > 0.0 {
+                            (now + reset).round()
+                        } else {
+                            now.floor() + 1.0
+                        };
+                        windows.push(window as u64);
+                    }
+                    if burst == Duration::ZERO {
+                        tokio::time::sleep(Duration::from_millis(50)).await;
+                    }
+                }
+            }));
+        }
+    }
+    let mut admitted = std::collections::BTreeMap::<u64, u64>::new();
+    for task in tasks {
+        for window in task.await.expect("a client task") {
+            *admitted.entry(window).or_default() += 1;
+        }
+    }
+    for (window, count) in &admitted {
+        assert!(
+            *count <= 50,
+            "{count} admitted in the window ending at {window}: {admitted:?}"
+        );
+    }
+    // The windows ending at an odd second began at an even one: a burst's. The first and
+    // the last were not asked for whole.
+    let first = start.as_secs() + 2;
+    let bursts: Vec<u64> = (first..end).filter(|second| second % 2 == 1).collect();
+    assert!(bursts.len() >= 3, "{bursts:?}");
+    for window in bursts {
+        let count = admitted.get(&window).copied().unwrap_or(0);
+        assert!(
+            count >= 45,
+            "{count} admitted in the window ending at {window}: {admitted:?}"
+        );
+    }
 }
 
 /// A replica that stops asking gives its block back: the other gets all of the limit.
