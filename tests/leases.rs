@@ -10,6 +10,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use floodgate::proto::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
 use harness::{Floodgate, OK, OVER_LIMIT, descriptor, request};
 use redis_harness::RedisServer;
 use redis_harness::cluster::RedisCluster;
@@ -34,7 +35,15 @@ descriptors:
   - key: tenant
     value: second
     rate_limit: {unit: second, requests_per_unit: 50, lease: true}
+  - key: tenant
+    value: once
+    rate_limit: {unit: hour, requests_per_unit: 1}
+  - key: tenant
+    value: once-leased
+    rate_limit: {unit: hour, requests_per_unit: 1, lease: true}
 ";
+
+type Client = RateLimitServiceClient<tonic::transport::Channel>;
 
 /// Client tasks a replica: each asks, one request at a time, on its own connection.
 const CLIENTS: usize = 16;
@@ -260,6 +269,65 @@ async fn leased_windows_of_a_second_hold_at_every_reset() {
             "{count} admitted in the window ending at {window}: {admitted:?}"
         );
     }
+}
+
+/// With `consume_on_reject: false`, a request another hit rejects takes nothing from a
+/// block either: whether Redis rejected the other hit (`once`, 1 an hour) or a block
+/// refused it here (`once-leased`, exhausted). What the leased counter has left (the shared
+/// count at the last take and the block: a take moves quota from one to the other) drops
+/// by the requests admitted only.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_rejected_request_takes_nothing_from_a_block_when_it_must_not() {
+    clear_of_the_hour(Duration::from_secs(90)).await;
+    let redis = RedisServer::start();
+    let server = Floodgate::start(
+        &[("leased.yaml", RULES)],
+        &[
+            "--backend",
+            "redis",
+            "--redis-url",
+            &redis.url(),
+            "--consume-on-reject",
+            "false",
+        ],
+    );
+    let mut client = server.client().await;
+    let plenty = descriptor(&[("tenant", "plenty")]);
+    let left = async |client: &mut Client| {
+        let ask = request("leased", vec![descriptor(&[("tenant", "plenty")])]);
+        let answer = client.should_rate_limit(ask).await.expect("an answer");
+        answer.into_inner().statuses[0].limit_remaining
+    };
+    // A block for `plenty`; `once-leased` exhausted and known to be (its take refused).
+    for _ in 0..20 {
+        left(&mut client).await;
+    }
+    let exhaust = request("leased", vec![descriptor(&[("tenant", "once-leased")])]);
+    for _ in 0..3 {
+        client
+            .should_rate_limit(exhaust.clone())
+            .await
+            .expect("an answer");
+        tokio::time::sleep(Duration::from_millis(150)).await;
+    }
+    let before = left(&mut client).await;
+    for other in ["once", "once-leased"] {
+        let pair = request(
+            "leased",
+            vec![plenty.clone(), descriptor(&[("tenant", other)])],
+        );
+        for _ in 0..5 {
+            let answer = client
+                .should_rate_limit(pair.clone())
+                .await
+                .expect("an answer");
+            let code = answer.into_inner().overall_code;
+            assert!(code == OK || code == OVER_LIMIT, "{code}");
+        }
+    }
+    let after = left(&mut client).await;
+    // One pair admitted (`once`'s only request), and the last ask.
+    assert_eq!(before - after, 2, "{before} left before, {after} after");
 }
 
 /// A replica that stops asking gives its block back: the other gets all of the limit.

@@ -81,8 +81,8 @@ impl Guarded {
 
     /// [`Guarded::hit_here`] for a request with a leased hit. Each leased hit is decided
     /// from its counter's block when the block holds enough; the others go to the store.
-    /// When the store's part rejects the request and it must take nothing, the blocks get
-    /// back what was decided from them.
+    /// When the request is rejected (by a block's refusal or by the store) and must take
+    /// nothing, the blocks get back what was allowed from them.
     async fn hit_leased(
         &self,
         leases: &Arc<Leases>,
@@ -106,6 +106,36 @@ impl Guarded {
             }
             local.push(decided);
         }
+        let put_back = |local: &[Option<Decision>]| {
+            for (hit, decided) in hits.iter().zip(local) {
+                if decided.is_some_and(|decision| decision.allowed) {
+                    leases.put_back(&hit.key, hit.hits.amount);
+                }
+            }
+        };
+        // A request a leased counter refused here takes nothing when it must not: what its
+        // other leased hits took goes back, and the store is not asked (as with a rejection
+        // the over-limit cache knows).
+        if on_reject == OnReject::ConsumeNothing {
+            let decided: Vec<Result<Decision, BackendError>> = (local.iter())
+                .map(|decided| Ok(decided.unwrap_or(NOT_CONSULTED)))
+                .collect();
+            let refused = (hits.iter().zip(&local))
+                .any(|(hit, decided)| hit.binding && decided.is_some_and(|d| !d.allowed));
+            if refused && rejects(hits, &decided) {
+                put_back(&local);
+                let origins = (local.iter())
+                    .map(|decided| match decided {
+                        Some(_) => AnsweredBy::Store,
+                        None => AnsweredBy::NotConsulted,
+                    })
+                    .collect();
+                return Answers {
+                    results: decided,
+                    origins,
+                };
+            }
+        }
         if local.iter().all(Option::is_some) {
             return Answers::from_store(local.into_iter().flatten().map(Ok).collect());
         }
@@ -115,11 +145,7 @@ impl Guarded {
             .collect();
         let fetched = Box::pin(self.hit_unleased(&pending, on_reject, deadline)).await;
         if on_reject == OnReject::ConsumeNothing && rejects(&pending, &fetched.results) {
-            for (hit, decided) in hits.iter().zip(&local) {
-                if decided.is_some() {
-                    leases.put_back(&hit.key, hit.hits.amount);
-                }
-            }
+            put_back(&local);
         }
         let mut origins = Vec::new();
         let mut results = Vec::with_capacity(hits.len());
