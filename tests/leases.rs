@@ -36,6 +36,9 @@ descriptors:
     value: second
     rate_limit: {unit: second, requests_per_unit: 50, lease: true}
   - key: tenant
+    value: moving
+    rate_limit: {unit: hour, requests_per_unit: 20000, lease: true}
+  - key: tenant
     value: once
     rate_limit: {unit: hour, requests_per_unit: 1}
   - key: tenant
@@ -328,6 +331,55 @@ async fn a_rejected_request_takes_nothing_from_a_block_when_it_must_not() {
     let after = left(&mut client).await;
     // One pair admitted (`once`'s only request), and the last ask.
     assert_eq!(before - after, 2, "{before} left before, {after} after");
+}
+
+/// Redis moves under leases: while two replicas spend a counter of 20,000 an hour in
+/// blocks, every slot of the primary holding it moves to another (`redis-cli --cluster
+/// reshard`, as an operator runs it). A block is an ordinary hit, moved with its key: never
+/// more than the limit, and the quota lost to takes cut off mid-move is small.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_reshard_under_leases_never_admits_more_than_the_limit() {
+    clear_of_the_hour(Duration::from_secs(300)).await;
+    let cluster = Arc::new(RedisCluster::start());
+    let seeds = cluster.seeds();
+    let backend = ["--backend", "redis-cluster", "--redis-url", &seeds];
+    let (one, two) = (floodgate_with(&backend), floodgate_with(&backend));
+    let ask = request("leased", vec![descriptor(&[("tenant", "moving")])]);
+    let mut client = one.client().await;
+    client.should_rate_limit(ask).await.expect("an answer");
+    let home = (cluster.primaries().into_iter())
+        .find(|&primary| {
+            cluster
+                .keys(primary)
+                .iter()
+                .any(|key| key.contains("moving"))
+        })
+        .expect("the counter's primary");
+    let other = (cluster.primaries().into_iter())
+        .find(|&primary| primary != home)
+        .expect("another primary");
+    let mover = cluster.clone();
+    let reshard = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(300));
+        mover.reshard(home, other, 16_384 / 3 + 1);
+        std::time::Instant::now()
+    });
+    let admitted = hammer(&[&one, &two], "moving", 50).await;
+    let spent = std::time::Instant::now();
+    let moved = tokio::task::spawn_blocking(move || reshard.join().expect("the reshard"))
+        .await
+        .expect("the reshard's thread");
+    eprintln!(
+        "moved {:?} before the quota was spent",
+        spent.checked_duration_since(moved)
+    );
+    let total: u64 = admitted.iter().sum::<u64>() + 1;
+    assert!(total <= 20_000, "{total} admitted of 20,000: {admitted:?}");
+    assert!(total >= 19_900, "{total} admitted of 20,000: {admitted:?}");
+    assert!(
+        (cluster.keys(other).iter()).any(|key| key.contains("moving")),
+        "the counter moved"
+    );
 }
 
 /// A replica that stops asking gives its block back: the other gets all of the limit.
