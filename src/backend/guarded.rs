@@ -177,7 +177,7 @@ impl Guarded {
             ..self.clone()
         };
         tokio::spawn(async move {
-            let mut asked = leases.block(&take.key);
+            let mut asked = take.asked;
             while asked > 0 {
                 let hit = CounterHit::new(
                     take.key.clone(),

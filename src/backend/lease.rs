@@ -110,7 +110,7 @@ struct Lease {
     /// How long the last take took, sent to answered: a block reaches further ahead on a
     /// Redis far away.
     latency: Duration,
-    /// The last block asked, and whether hits found it spent while the next was out: the
+    /// The last block asked, and whether hits found the lease spent while it was out: the
     /// demand was underestimated, and the next block is twice as large at least.
     last_block: u64,
     ran_dry: bool,
@@ -124,11 +124,12 @@ struct Lease {
     retry_at: Instant,
 }
 
-/// A block to take: how much, of which counter.
+/// A block to take: of which counter, under which limit, and how much to ask first.
 #[derive(Debug)]
 pub struct Take {
     pub key: CounterKey,
     pub limit: Limit,
+    pub asked: u64,
 }
 
 /// Quota to give back, before `deadline` when it has one (a fixed window's end).
@@ -228,9 +229,13 @@ impl Leases {
         lease.decided += u64::from(decided.is_some());
         let take = lease.take_due(now).then(|| {
             lease.taking = true;
+            let asked = lease.block();
+            lease.last_block = asked;
+            lease.ran_dry = false;
             Take {
                 key: key.clone(),
                 limit: limit.clone(),
+                asked,
             }
         });
         (decided, take)
@@ -242,11 +247,6 @@ impl Leases {
         if let Some(lease) = self.shard(key).get_mut(key) {
             lease.held = lease.held.saturating_add(amount);
         }
-    }
-
-    /// The size of the next block of `key`'s lease.
-    pub fn block(&self, key: &CounterKey) -> u64 {
-        self.shard(key).get(key).map_or(1, Lease::block)
     }
 
     /// A take of `asked` for `key`, sent at `sent`, was answered `decision`. Returns what to
@@ -286,8 +286,6 @@ impl Leases {
             lease.ends = ends;
         }
         lease.taking = false;
-        lease.last_block = asked;
-        lease.ran_dry = false;
         lease.measure(now);
         self.takes.fetch_add(1, Ordering::Relaxed);
         0
@@ -434,4 +432,114 @@ pub type WeakLeases = Weak<Leases>;
 /// Shares `leases` with the sweeping task.
 pub fn downgrade(leases: &Arc<Leases>) -> WeakLeases {
     Arc::downgrade(leases)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::limiter::Unit;
+
+    fn key() -> CounterKey {
+        let limit = limit();
+        CounterKey::new("d", "r", 0, &limit, [("tenant", "t")])
+    }
+
+    fn limit() -> Limit {
+        Limit {
+            lease: true,
+            ..Limit::per(1_000, Unit::Hour)
+        }
+    }
+
+    /// What the store answers a take of `asked` with `left` before it, by its rule.
+    fn answer(asked: u64, left: u64) -> Decision {
+        let allowed = asked <= left;
+        let remaining = if allowed { left - asked } else { left };
+        Decision {
+            allowed,
+            remaining,
+            reset_micros: 3_600_000_000,
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn blocks_shrink_to_one_hit_as_the_shared_count_runs_out() {
+        let (leases, key, limit) = (Leases::default(), key(), limit());
+        let mut left = 1_000u64;
+        let mut admitted = 0;
+        let mut blocks = Vec::new();
+        // Demand far above what is left: every hit that finds nothing takes the next block.
+        for _ in 0..5_000 {
+            tokio::time::advance(Duration::from_millis(1)).await;
+            let (decided, take) = leases.decide(&key, &limit, 1, Instant::now());
+            admitted += u64::from(decided.is_some_and(|d| d.allowed));
+            if let Some(take) = take {
+                let mut asked = take.asked;
+                while asked > 0 {
+                    let decision = answer(asked, left);
+                    if decision.allowed {
+                        left -= asked;
+                        blocks.push(asked);
+                    }
+                    asked = leases.took(&key, asked, decision, Instant::now());
+                }
+            }
+        }
+        assert_eq!(admitted + left, 1_000, "blocks {blocks:?}");
+        assert_eq!(left, 0);
+        // Never more than a quarter of what was left, and the last blocks one hit each.
+        assert!(blocks.ends_with(&[1, 1, 1]), "{blocks:?}");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_block_spent_while_the_next_was_out_doubles_the_next() {
+        let (leases, key, limit) = (Leases::default(), key(), limit());
+        let (_, take) = leases.decide(&key, &limit, 1, Instant::now());
+        let first = take.expect("a first take").asked;
+        // Hits keep coming while the take is out: the lease has nothing for them.
+        for _ in 0..3 {
+            let (decided, take) = leases.decide(&key, &limit, 1, Instant::now());
+            assert!(decided.is_none() && take.is_none());
+        }
+        leases.took(&key, first, answer(first, 1_000), Instant::now());
+        let next = (0..=first)
+            .find_map(|_| leases.decide(&key, &limit, 1, Instant::now()).1)
+            .expect("the next take")
+            .asked;
+        assert!(next >= 2 * first, "{first} then {next}");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_fixed_windows_block_ends_with_its_window_and_an_idle_one_goes_back() {
+        let (leases, key, limit) = (Leases::default(), key(), limit());
+        let (_, take) = leases.decide(&key, &limit, 1, Instant::now());
+        let asked = take.expect("a take").asked;
+        // The window ends 2 s after the take went out.
+        let window_ends = Decision {
+            reset_micros: 2_000_000,
+            ..answer(asked, 1_000)
+        };
+        leases.took(&key, asked, window_ends, Instant::now());
+        assert_eq!(leases.counts().held, asked);
+        // Idle for a second: it goes back, with the window's end (less a margin) as the
+        // give-back's deadline.
+        tokio::time::advance(IDLE).await;
+        let back = leases.sweep(Instant::now());
+        assert_eq!(back.len(), 1);
+        assert_eq!(back[0].amount, asked);
+        assert!(
+            back[0]
+                .deadline
+                .is_some_and(|d| d < Instant::now() + Duration::from_secs(1))
+        );
+        assert_eq!(leases.counts().held, 0);
+        // A block taken again ends with its window: past it, nothing is decided from it.
+        let (_, take) = leases.decide(&key, &limit, 1, Instant::now());
+        if let Some(take) = take {
+            leases.took(&key, take.asked, window_ends, Instant::now());
+        }
+        tokio::time::advance(Duration::from_secs(3)).await;
+        let (decided, _) = leases.decide(&key, &limit, 1, Instant::now());
+        assert!(decided.is_none(), "{decided:?}");
+    }
 }
