@@ -285,6 +285,11 @@ impl Leases {
             lease.held = asked;
             lease.ends = ends;
         }
+        // A fixed window's quota comes back when the block ends: the answers' time left
+        // runs out with the block, not before it.
+        if lease.limit.algorithm == Algorithm::FixedWindow {
+            lease.resets = lease.ends;
+        }
         lease.taking = false;
         lease.measure(now);
         self.takes.fetch_add(1, Ordering::Relaxed);

@@ -44,7 +44,7 @@ use crate::backend::{
 use crate::clock::Clock;
 use crate::limiter::{CounterKey, Decision, Limit};
 
-use super::batcher::Shared;
+use super::batcher::{PATIENT, Shared};
 use super::script::{RedisHit, Scripts};
 use super::slots::{Node, not_served_here};
 use super::{RedisOptions, request_deadline, seeds};
@@ -206,7 +206,14 @@ impl RedisClusterBackend {
         deadline: Instant,
     ) -> Vec<Result<Decision, BackendError>> {
         let timeout = self.options.command_timeout;
-        let deadline = deadline.min(Instant::now() + timeout);
+        // A patient request (a lease's take) keeps its own deadline: cut to the command
+        // timeout, a reply that comes after it would be a block counted and never used.
+        let now = Instant::now();
+        let deadline = if deadline >= now + PATIENT {
+            deadline
+        } else {
+            deadline.min(now + timeout)
+        };
         let local_now = self.topology.shared.clock.now_micros();
         futures_util::future::join_all(hits.iter().map(|hit| async move {
             // Redis must not run a call after its sender gave up on it.
