@@ -209,7 +209,7 @@ impl Guarded {
         let Some(leases) = &self.leases else {
             return;
         };
-        let weak = lease::downgrade(leases);
+        let weak = Arc::downgrade(leases);
         let store = Guarded {
             leases: None,
             ..self.clone()

@@ -21,7 +21,7 @@
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
+use std::sync::{Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
 use foldhash::fast::RandomState;
@@ -429,14 +429,6 @@ impl Lease {
 
 fn micros(duration: Duration) -> u64 {
     u64::try_from(duration.as_micros()).unwrap_or(u64::MAX)
-}
-
-/// The leases a store keeps, for the task that sweeps them: it stops with them.
-pub type WeakLeases = Weak<Leases>;
-
-/// Shares `leases` with the sweeping task.
-pub fn downgrade(leases: &Arc<Leases>) -> WeakLeases {
-    Arc::downgrade(leases)
 }
 
 #[cfg(test)]
