@@ -442,8 +442,13 @@ async fn an_idle_replica_gives_its_block_back_and_the_other_gets_all_of_the_limi
 
 /// A Redis 50 ms away, farther than the 15 ms command timeout: requests it would decide are
 /// answered by their policy at once (`fail_closed`), but a lease's take waits for it, off
-/// the request path, so once the first block came nearly every request is decided from
-/// blocks, and the limit still holds.
+/// the request path, and a hit that finds the block spent while the next is on its way
+/// waits for that one (within its own 40 ms), so from each client's first block on nearly
+/// every request is decided from blocks, and the limit still holds. Counted from the very
+/// start: the ramp from the first block (one hit) to the demand's size is in it. (At
+/// 95e5fc0 this count was 95.0–99.7% over seven runs; with the lane's connection kept and
+/// takes sent beside the calls out, 99.5–99.6%, and 98.7–99.3% with a release server;
+/// with the hits waiting, 99.9%.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_redis_farther_than_the_timeout_still_leases_blocks() {
     clear_of_the_hour(Duration::from_secs(90)).await;
@@ -454,34 +459,24 @@ async fn a_redis_farther_than_the_timeout_still_leases_blocks() {
         &["--backend", "redis", "--redis-url", &link.url()],
         &[("FLOODGATE_REDIS_CONNECT_TIMEOUT_MS", "2000")],
     );
-    // Its first round trips tell floodgate how far Redis is, past the command timeout
-    // (requests it would decide are answered by policy at once); the first blocks come
-    // meanwhile.
-    let round_trip = "floodgate_redis_round_trip_seconds";
-    for _ in 0..10 {
-        codes_for(&server, "plenty", Duration::from_secs(1)).await;
-        if server.metric(round_trip) > 0.015 {
-            break;
-        }
+    let (mut after_first, mut decided) = (0, 0);
+    for codes in codes_for(&server, "plenty", Duration::from_secs(4)).await {
+        let Some(first) = codes.iter().position(|code| *code == Some(OK)) else {
+            continue;
+        };
+        after_first += codes.len() - first;
+        decided += (codes[first..].iter())
+            .filter(|code| **code == Some(OK))
+            .count();
     }
+    assert!(after_first > 0, "no block came");
+    eprintln!("{decided} of {after_first} decided from blocks after each client's first");
     assert!(
-        server.metric(round_trip) > 0.015,
-        "Redis never measured far"
+        decided * 100 >= after_first * 99,
+        "{decided} of {after_first} decided from blocks after each client's first"
     );
-    let codes: Vec<Option<i32>> = (codes_for(&server, "plenty", Duration::from_secs(4)).await)
-        .into_iter()
-        .flatten()
-        .collect();
-    let decided = codes.iter().filter(|code| **code == Some(OK)).count();
-    let by_policy = codes
-        .iter()
-        .filter(|code| **code == Some(OVER_LIMIT))
-        .count();
-    assert!(
-        decided * 100 >= codes.len() * 99,
-        "{decided} of {} decided from blocks ({by_policy} by policy)",
-        codes.len()
-    );
+    let round_trip = server.metric("floodgate_redis_round_trip_seconds");
+    assert!(round_trip > 0.015, "Redis measured {round_trip} s away");
     // A limit of 1,000 through the same far link: never more.
     let admitted = hammer(&[&server], "idle", 20).await[0];
     assert!(admitted <= 1000, "{admitted} admitted of 1000");

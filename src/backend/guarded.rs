@@ -143,9 +143,22 @@ impl Guarded {
             .filter(|(_, decided)| decided.is_none())
             .map(|(hit, _)| hit.clone())
             .collect();
-        let fetched = Box::pin(self.hit_unleased(&pending, on_reject, deadline)).await;
+        let mut fetched = Box::pin(self.hit_unleased(&pending, on_reject, deadline)).await;
+        let too_far =
+            (fetched.results.iter()).any(|r| matches!(r, Err(BackendError::TooFar { .. })));
+        let from_block = if too_far {
+            // Boxed: a wait's timer would otherwise grow every request's future.
+            Box::pin(wait_for_blocks(leases, &pending, &mut fetched, deadline)).await
+        } else {
+            Vec::new()
+        };
         if on_reject == OnReject::ConsumeNothing && rejects(&pending, &fetched.results) {
             put_back(&local);
+            for (hit, taken) in pending.iter().zip(from_block) {
+                if taken {
+                    leases.put_back(&hit.key, hit.hits.amount);
+                }
+            }
         }
         let mut origins = Vec::new();
         let mut results = Vec::with_capacity(hits.len());
@@ -507,6 +520,41 @@ pub(crate) fn outcome(results: &[Result<Decision, BackendError>]) -> Option<Call
         }
     }
     outcome
+}
+
+/// Decides the leased `hits` the store was too far to decide in time (`fetched` says so)
+/// from the blocks their leases' takes are bringing, waiting for them until `deadline`: a
+/// block that ran dry while the next was out on a Redis farther than the command timeout
+/// left those hits to their policy, a round trip's worth of requests at each such gap.
+/// Which of `hits` took quota from a block so.
+async fn wait_for_blocks(
+    leases: &Leases,
+    hits: &[CounterHit<'_>],
+    fetched: &mut Answers,
+    deadline: Option<Instant>,
+) -> Vec<bool> {
+    let mut from_block = vec![false; hits.len()];
+    let Some(deadline) = deadline else {
+        return from_block;
+    };
+    for (index, hit) in hits.iter().enumerate() {
+        let too_far = matches!(
+            fetched.results.get(index),
+            Some(Err(BackendError::TooFar { .. }))
+        );
+        if !too_far || !lease::leasable(hit) {
+            continue;
+        }
+        let (key, limit, amount) = (&hit.key, &hit.limit, hit.hits.amount);
+        if let Some(decision) = leases.wait_for_block(key, limit, amount, deadline).await {
+            fetched.results[index] = Ok(decision);
+            if let Some(origin) = fetched.origins.get_mut(index) {
+                *origin = AnsweredBy::Store;
+            }
+            from_block[index] = decision.allowed;
+        }
+    }
+    from_block
 }
 
 /// The answer to a hit of a request that the over-limit cache rejected before any backend

@@ -25,7 +25,8 @@ use std::sync::{Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
 use foldhash::fast::RandomState;
-use tokio::time::Instant;
+use tokio::sync::Notify;
+use tokio::time::{Instant, timeout_at};
 
 use super::{BackendError, CounterHit};
 use crate::limiter::{Algorithm, CounterKey, Decision, Limit};
@@ -75,6 +76,9 @@ pub struct Leases {
     /// Blocks taken, and hits decided from the blocks of leases forgotten since.
     takes: AtomicU64,
     decided_before: AtomicU64,
+    /// Told whenever a take ends (a block came, or none will): hits that wait for a block
+    /// on its way ([`Leases::wait_for_block`]) look again.
+    take_ended: Notify,
 }
 
 /// What the leases hold and did, for /metrics.
@@ -162,6 +166,7 @@ impl Leases {
             used: AtomicBool::new(false),
             takes: AtomicU64::new(0),
             decided_before: AtomicU64::new(0),
+            take_ended: Notify::new(),
         }
     }
 
@@ -203,30 +208,10 @@ impl Leases {
         };
         lease.asked = lease.asked.saturating_add(amount);
         lease.last_hit = now;
-        if now >= lease.ends {
-            lease.held = 0;
-        }
-        let reset_micros = micros(lease.resets.saturating_duration_since(now));
-        let decided = if lease.held >= amount {
-            lease.held -= amount;
-            Some(Decision {
-                allowed: true,
-                remaining: lease.left.saturating_add(lease.held),
-                reset_micros,
-            })
-        } else if now < lease.resets && lease.left.saturating_add(lease.held) < amount {
-            // The shared count had too little left at the last take, and the block too: the
-            // store would refuse it. A take polls the store meanwhile.
-            Some(Decision {
-                allowed: false,
-                remaining: lease.left.saturating_add(lease.held),
-                reset_micros,
-            })
-        } else {
+        let decided = lease.spend(amount, now);
+        if decided.is_none() {
             lease.ran_dry |= lease.taking;
-            None
-        };
-        lease.decided += u64::from(decided.is_some());
+        }
         let take = lease.take_due(now).then(|| {
             lease.taking = true;
             let asked = lease.block();
@@ -265,6 +250,7 @@ impl Leases {
             if again == 0 {
                 lease.taking = false;
                 lease.retry_at = now + RETRY_PAUSE;
+                self.take_ended.notify_waiters();
             }
             return again;
         }
@@ -293,6 +279,7 @@ impl Leases {
         lease.taking = false;
         lease.measure(now);
         self.takes.fetch_add(1, Ordering::Relaxed);
+        self.take_ended.notify_waiters();
         0
     }
 
@@ -302,6 +289,38 @@ impl Leases {
         if let Some(lease) = self.shard(key).get_mut(key) {
             lease.taking = false;
             lease.retry_at = Instant::now() + RETRY_PAUSE;
+        }
+        self.take_ended.notify_waiters();
+    }
+
+    /// Decides `amount` hits on `key` under `limit` from the block a take is bringing, when
+    /// the lease ran dry and the store cannot decide them in time (it is too far): waits
+    /// for the take to end, until `deadline`. `None` when no take is out, none brought
+    /// enough, or the deadline came first. The hits' demand was counted when they were
+    /// first decided ([`Leases::decide`]).
+    pub async fn wait_for_block(
+        &self,
+        key: &CounterKey,
+        limit: &Limit,
+        amount: u64,
+        deadline: Instant,
+    ) -> Option<Decision> {
+        loop {
+            // Enabled before the lease is looked at, so a take that ends in between wakes it.
+            let ended = self.take_ended.notified();
+            let mut ended = std::pin::pin!(ended);
+            ended.as_mut().enable();
+            {
+                let mut shard = self.shard(key);
+                let lease = shard.get_mut(key).filter(|lease| lease.limit == *limit)?;
+                if let Some(decision) = lease.spend(amount, Instant::now()) {
+                    return Some(decision);
+                }
+                if !lease.taking {
+                    return None;
+                }
+            }
+            timeout_at(deadline, ended).await.ok()?;
         }
     }
 
@@ -365,6 +384,35 @@ impl Leases {
 }
 
 impl Lease {
+    /// Decides `amount` hits from what is held, or refuses them when the shared count had
+    /// too little left at the last take; `None`: neither (the store decides them).
+    fn spend(&mut self, amount: u64, now: Instant) -> Option<Decision> {
+        if now >= self.ends {
+            self.held = 0;
+        }
+        let reset_micros = micros(self.resets.saturating_duration_since(now));
+        let decided = if self.held >= amount {
+            self.held -= amount;
+            Some(Decision {
+                allowed: true,
+                remaining: self.left.saturating_add(self.held),
+                reset_micros,
+            })
+        } else if now < self.resets && self.left.saturating_add(self.held) < amount {
+            // The shared count had too little left at the last take, and the block too: the
+            // store would refuse it. A take polls the store meanwhile.
+            Some(Decision {
+                allowed: false,
+                remaining: self.left.saturating_add(self.held),
+                reset_micros,
+            })
+        } else {
+            None
+        };
+        self.decided += u64::from(decided.is_some());
+        decided
+    }
+
     fn new(limit: Limit, now: Instant) -> Self {
         Lease {
             limit,
@@ -433,6 +481,8 @@ fn micros(duration: Duration) -> u64 {
 
 #[cfg(test)]
 mod tests {
+    use std::sync::Arc;
+
     use super::*;
     use crate::limiter::Unit;
 
@@ -538,5 +588,54 @@ mod tests {
         tokio::time::advance(Duration::from_secs(3)).await;
         let (decided, _) = leases.decide(&key, &limit, 1, Instant::now());
         assert!(decided.is_none(), "{decided:?}");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_hit_waits_for_the_block_on_its_way_until_its_deadline() {
+        let leases = Arc::new(Leases::default());
+        let (key, limit) = (key(), limit());
+        let (_, take) = leases.decide(&key, &limit, 1, Instant::now());
+        let asked = take.expect("a first take").asked;
+        // The block is spent (nothing held yet) while the take is out: the hit waits.
+        let (decided, _) = leases.decide(&key, &limit, 1, Instant::now());
+        assert!(decided.is_none());
+        let deadline = Instant::now() + Duration::from_millis(40);
+        let waiting = tokio::spawn({
+            let (leases, key, limit) = (leases.clone(), key.clone(), limit.clone());
+            async move { leases.wait_for_block(&key, &limit, 1, deadline).await }
+        });
+        tokio::time::advance(Duration::from_millis(10)).await;
+        leases.took(&key, asked, answer(asked, 1_000), Instant::now());
+        let decided = waiting.await.expect("the waiting task");
+        assert!(decided.is_some_and(|d| d.allowed), "{decided:?}");
+        assert_eq!(leases.counts().held, asked - 1);
+
+        // Spent again, the next take out, and its answer later than the deadline: no
+        // decision, at the deadline.
+        let mut next = None;
+        while next.is_none() {
+            next = leases.decide(&key, &limit, 1, Instant::now()).1;
+        }
+        while leases.decide(&key, &limit, 1, Instant::now()).0.is_some() {}
+        let start = Instant::now();
+        let deadline = start + Duration::from_millis(40);
+        assert_eq!(leases.wait_for_block(&key, &limit, 1, deadline).await, None);
+        assert_eq!(Instant::now(), deadline);
+
+        // A take that fails wakes its waiters at once, with no decision.
+        let waiting = tokio::spawn({
+            let (leases, key, limit) = (leases.clone(), key.clone(), limit.clone());
+            let deadline = Instant::now() + Duration::from_secs(1);
+            async move { leases.wait_for_block(&key, &limit, 1, deadline).await }
+        });
+        tokio::time::advance(Duration::from_millis(5)).await;
+        let failed_at = Instant::now();
+        leases.failed(&key, &BackendError::Protocol("gone".into()));
+        assert_eq!(waiting.await.expect("the waiting task"), None);
+        assert_eq!(Instant::now(), failed_at);
+        // With no take out, a hit does not wait.
+        let deadline = Instant::now() + Duration::from_secs(1);
+        assert_eq!(leases.wait_for_block(&key, &limit, 1, deadline).await, None);
+        assert_eq!(Instant::now(), failed_at);
     }
 }

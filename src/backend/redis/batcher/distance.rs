@@ -10,7 +10,7 @@ use tokio::time::{Instant, timeout};
 
 use super::exchange::read_redis_clock;
 use super::queue::Request;
-use super::{FAR_PROBE_INTERVAL, FAR_SAMPLES, LaneState, Link, lock, redis_io};
+use super::{FAR_PROBE_INTERVAL, FAR_SAMPLES, LaneState, Link, PATIENT, lock, redis_io};
 use crate::backend::BackendError;
 
 impl<L: Link> LaneState<L> {
@@ -22,7 +22,12 @@ impl<L: Link> LaneState<L> {
     /// CPU per decision with it, within this machine's run-to-run noise).
     pub(super) fn far(&self) -> bool {
         let quickest = self.quickest_round_trip.least().unwrap_or(0).unsigned_abs();
-        4 * Duration::from_micros(quickest) >= self.shared.command_timeout
+        self.far_at(Duration::from_micros(quickest))
+    }
+
+    /// Whether a lane whose quickest round trip is `round_trip` is far.
+    fn far_at(&self, round_trip: Duration) -> bool {
+        4 * round_trip >= self.shared.command_timeout
     }
 
     /// Why a request cannot be sent now: the quickest round trip lately (of at least
@@ -111,11 +116,20 @@ impl<L: Link> LaneState<L> {
     }
 
     /// When `waiting` must leave, beside the calls out if need be: two quick round trips
-    /// before the earliest deadline, one for the call and one for the link's variance.
-    /// `None` before the first reply, or with nothing waiting.
+    /// before the earliest deadline, one for the call and one for the link's variance; at
+    /// once for a patient request on a Redis far away, which goes in a call of its own and
+    /// holds no other back (a lease's take that waited for the calls out came a round trip
+    /// later, and its block ran dry meanwhile). `None` before the first reply, or with
+    /// nothing waiting.
     pub(super) fn send_by(&self, waiting: &[Request]) -> Option<Instant> {
         let round_trip = Duration::from_micros(self.quickest_round_trip.least()?.unsigned_abs());
         let earliest = waiting.iter().map(|r| r.deadline).min()?;
+        if self.far_at(round_trip) {
+            let now = Instant::now();
+            if waiting.iter().any(|r| r.deadline >= now + PATIENT) {
+                return Some(now);
+            }
+        }
         Some(earliest.checked_sub(2 * round_trip).unwrap_or(earliest))
     }
 }

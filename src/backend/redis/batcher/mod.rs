@@ -426,9 +426,14 @@ impl<L: Link> LaneState<L> {
         }
     }
 
-    /// How long a connection may answer nothing while a call waits before it counts as dead.
+    /// How long a connection may answer nothing while a call waits before it counts as dead:
+    /// [`SILENCE`] (or four command timeouts) past the quickest round trip lately, since no
+    /// reply comes sooner than that. On a Redis 50 ms away a call's reply takes 100 ms; a
+    /// bound that left out the way (100 ms flat) dropped the connection under its calls, and
+    /// each new one cost the lane a connection and a script load before its next call.
     fn silence(&self) -> Duration {
-        SILENCE.max(4 * self.shared.command_timeout)
+        let quickest = self.quickest_round_trip.least().unwrap_or(0).unsigned_abs();
+        SILENCE.max(4 * self.shared.command_timeout) + Duration::from_micros(quickest)
     }
 
     /// Connection number `connection` looks broken: unless it has been replaced already (the
