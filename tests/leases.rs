@@ -444,8 +444,9 @@ async fn an_idle_replica_gives_its_block_back_and_the_other_gets_all_of_the_limi
 /// answered by their policy at once (`fail_closed`), but a lease's take waits for it, off
 /// the request path, and a hit that finds the block spent while the next is on its way
 /// waits for that one (within its own 40 ms), so from each client's first block on nearly
-/// every request is decided from blocks, and the limit still holds. Counted from the very
-/// start: the ramp from the first block (one hit) to the demand's size is in it. (At
+/// every request is decided from blocks, and the limit still holds. Default settings,
+/// counted from the very start: the ramp from the first block (one hit) to the demand's
+/// size is in it. (At
 /// 95e5fc0 this count was 95.0–99.7% over seven runs; with the lane's connection kept and
 /// takes sent beside the calls out, 99.5–99.6%, and 98.7–99.3% with a release server;
 /// with the hits waiting, 99.9%.)
@@ -454,11 +455,7 @@ async fn a_redis_farther_than_the_timeout_still_leases_blocks() {
     clear_of_the_hour(Duration::from_secs(90)).await;
     let redis = RedisServer::start();
     let link = DelayedLink::to(redis.port(), Duration::from_millis(50)).await;
-    let server = Floodgate::start_with_env(
-        &[("leased.yaml", RULES)],
-        &["--backend", "redis", "--redis-url", &link.url()],
-        &[("FLOODGATE_REDIS_CONNECT_TIMEOUT_MS", "2000")],
-    );
+    let server = floodgate_on(&link.url());
     let (mut after_first, mut decided) = (0, 0);
     for codes in codes_for(&server, "plenty", Duration::from_secs(4)).await {
         let Some(first) = codes.iter().position(|code| *code == Some(OK)) else {
