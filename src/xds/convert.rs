@@ -221,6 +221,9 @@ impl Serialize for Limit<'_> {
         if let Some(timezone) = additions.timezone {
             map.serialize_entry("timezone", timezone)?;
         }
+        if let Some(lease) = additions.lease {
+            map.serialize_entry("lease", &lease)?;
+        }
         map.end()
     }
 }
@@ -442,19 +445,7 @@ mod overlaid {
 
     #[test]
     fn an_overlay_gives_an_xds_rule_floodgates_algorithm_and_a_bad_one_fails_the_load() {
-        let config = RateLimitConfig {
-            name: "api".into(),
-            domain: "api".into(),
-            descriptors: vec![RateLimitDescriptor {
-                key: "user".into(),
-                rate_limit: Some(RateLimitPolicy {
-                    unit: RateLimitUnit::Minute as i32,
-                    requests_per_unit: 2,
-                    ..Default::default()
-                }),
-                ..Default::default()
-            }],
-        };
+        let config = one_limit("user", RateLimitUnit::Minute, 2);
         let good = overlays(
             "[[overlay]]\ndomain = 'api'\npath = ['user']\nalgorithm = 'token_bucket'\nburst = 5\n",
         );
@@ -471,6 +462,45 @@ mod overlaid {
         let error = RuleSet::from_sources(&[(source.name, source.text)])
             .expect_err("a burst on a fixed window");
         assert!(error.to_string().contains("xds:api"), "{error}");
+    }
+
+    #[test]
+    fn an_overlay_leases_an_xds_rule_where_its_algorithm_can() {
+        let config = one_limit("tenant", RateLimitUnit::Hour, 200);
+        let leased = overlays("[[overlay]]\ndomain = 'api'\npath = ['tenant']\nlease = true\n");
+        let source = rule_source(&config, &leased, usize::MAX).expect("fits");
+        let rules = RuleSet::from_sources(&[(source.name, source.text)]).expect("loads");
+        assert!(rules.dump().contains("lease=true"), "{}", rules.dump());
+
+        let refused = overlays(
+            "[[overlay]]\ndomain = 'api'\npath = ['tenant']\nalgorithm = 'sliding_log'\n\
+             lease = true\n",
+        );
+        let source = rule_source(&config, &refused, usize::MAX).expect("fits");
+        let error = RuleSet::from_sources(&[(source.name, source.text)])
+            .expect_err("a sliding log does not lease");
+        let error = error.to_string();
+        assert!(
+            error.contains("xds:api") && error.contains("lease"),
+            "{error}"
+        );
+    }
+
+    /// The config of domain `api`: one descriptor, `key`, limited to `requests` a `unit`.
+    fn one_limit(key: &str, unit: RateLimitUnit, requests: u32) -> RateLimitConfig {
+        RateLimitConfig {
+            name: "api".into(),
+            domain: "api".into(),
+            descriptors: vec![RateLimitDescriptor {
+                key: key.into(),
+                rate_limit: Some(RateLimitPolicy {
+                    unit: unit as i32,
+                    requests_per_unit: requests,
+                    ..Default::default()
+                }),
+                ..Default::default()
+            }],
+        }
     }
 
     fn overlays(text: &str) -> Overlays {

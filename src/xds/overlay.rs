@@ -1,7 +1,8 @@
 //! floodgate's extensions for rules that arrive over xDS. envoyproxy/ratelimit's
 //! `RateLimitConfig` carries a unit, a count and a name; an overlay adds, to the descriptor a
 //! domain and path name, what a rule file would say of it: `algorithm`, `burst`,
-//! `unit_multiplier`, `timezone` (on its limit) and `on_backend_error`. Overlays come from
+//! `unit_multiplier`, `timezone`, `lease` (on its limit) and `on_backend_error`. Overlays
+//! come from
 //! a TOML file of the operator's (`xds.overlays_file`):
 //!
 //! ```toml
@@ -46,6 +47,7 @@ pub struct Overlay {
     pub burst: Option<u64>,
     pub unit_multiplier: Option<u64>,
     pub timezone: Option<String>,
+    pub lease: Option<bool>,
     pub on_backend_error: Option<String>,
 }
 
@@ -104,6 +106,7 @@ pub struct Additions<'o> {
     pub burst: Option<u64>,
     pub unit_multiplier: Option<u64>,
     pub timezone: Option<&'o str>,
+    pub lease: Option<bool>,
     pub on_backend_error: Option<&'o str>,
 }
 
@@ -168,6 +171,7 @@ impl Overlay {
             || self.burst.is_some()
             || self.unit_multiplier.is_some()
             || self.timezone.is_some()
+            || self.lease.is_some()
     }
 
     fn add_to<'o>(&'o self, additions: &mut Additions<'o>) {
@@ -176,6 +180,7 @@ impl Overlay {
         additions.burst = self.burst.or(additions.burst);
         additions.unit_multiplier = self.unit_multiplier.or(additions.unit_multiplier);
         additions.timezone = or(self.timezone.as_ref(), additions.timezone);
+        additions.lease = self.lease.or(additions.lease);
         additions.on_backend_error = or(self.on_backend_error.as_ref(), additions.on_backend_error);
     }
 }
