@@ -116,13 +116,15 @@ impl Guarded {
         // A request a leased counter refused here takes nothing when it must not: what its
         // other leased hits took goes back, and the store is not asked (as with a rejection
         // the over-limit cache knows).
-        if on_reject == OnReject::ConsumeNothing {
+        let refused = || {
+            (hits.iter().zip(&local))
+                .any(|(hit, decided)| hit.binding && decided.is_some_and(|d| !d.allowed))
+        };
+        if on_reject == OnReject::ConsumeNothing && refused() {
             let decided: Vec<Result<Decision, BackendError>> = (local.iter())
                 .map(|decided| Ok(decided.unwrap_or(NOT_CONSULTED)))
                 .collect();
-            let refused = (hits.iter().zip(&local))
-                .any(|(hit, decided)| hit.binding && decided.is_some_and(|d| !d.allowed));
-            if refused && rejects(hits, &decided) {
+            if rejects(hits, &decided) {
                 put_back(&local);
                 let origins = (local.iter())
                     .map(|decided| match decided {
